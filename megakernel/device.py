@@ -1,0 +1,68 @@
+"""Which device runs the model: CUDA, an Ascend NPU, or the CPU through Triton's interpreter.
+
+``TRITON_INTERPRET`` is read when a ``@triton.jit`` function is *defined*, so the choice must be
+made before any kernel module is imported; ``megakernel/__init__.py`` calls ``configure()`` first
+thing. ``DEVICE=cpu|cuda|npu`` forces a choice.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+_NPU_AVAILABLE: bool | None = None
+
+
+def npu_available() -> bool:
+    """True where torch_npu imports and sees a device. Importing torch_npu without the Ascend
+    toolkit can fail in many ways, so any exception means no NPU."""
+    global _NPU_AVAILABLE
+    if _NPU_AVAILABLE is None:
+        try:
+            import torch_npu  # noqa: F401
+            _NPU_AVAILABLE = bool(torch.npu.is_available())
+        except Exception:
+            _NPU_AVAILABLE = False
+    return _NPU_AVAILABLE
+
+
+def default_device() -> str:
+    forced = os.environ.get("DEVICE")
+    if forced:
+        if forced not in ("cpu", "cuda", "npu"):
+            raise ValueError(f"DEVICE={forced!r}: use cpu, cuda or npu")
+        return forced
+    if torch.cuda.is_available():
+        return "cuda"
+    if npu_available():
+        return "npu"
+    return "cpu"
+
+
+def configure() -> str:
+    """Pick the default device and, for the CPU, switch Triton to its interpreter."""
+    dev = default_device()
+    if dev == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return dev
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def resolve(device: str | torch.device | None) -> torch.device:
+    dev = torch.device(device if device is not None else default_device())
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device cuda asked for, but torch sees no CUDA GPU")
+    if dev.type == "npu" and not npu_available():
+        raise RuntimeError("device npu asked for, but torch_npu does not import or sees no NPU")
+    if dev.type not in ("cpu", "cuda", "npu"):
+        raise RuntimeError(f"device {dev} is not supported (use cpu, cuda or npu)")
+    return dev
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on an accelerator; float32 on the CPU, where the interpreter has no bf16 arithmetic."""
+    return torch.float32 if device.type == "cpu" else torch.bfloat16

@@ -1,0 +1,162 @@
+"""``MegaQwen3``: decode state (KV cache, pending tokens, logits) and the backends that step it.
+
+Every backend advances the same state in place: it reads the pending token of each sequence from
+``tokens``, appends that token's keys and values at position ``cache.lengths[b]``, writes float32
+``logits``, puts the greedy next token into ``tokens`` and adds one to ``lengths``. Because all of
+that lives in device memory, a kernel backend's step needs no host work beyond its launch.
+Prompts are prefilled by the torch reference into the same cache (see ``prefill``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from models.qwen3.reference import KVCache, Qwen3Reference
+from models.qwen3.sampling import SamplingParams, sample
+
+BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph", "reference", "vm")
+
+
+class ReferenceBackend:
+    """The torch model, one op at a time (the oracle; also the ``reference`` baseline)."""
+
+    def __init__(self, mk: "MegaQwen3"):
+        self.mk = mk
+
+    def decode(self):
+        mk = self.mk
+        mk.logits.copy_(mk.reference.decode(mk.tokens.long()))
+        mk.tokens.copy_(mk.logits.argmax(-1))
+
+
+def _make_backend(name: str, mk: "MegaQwen3", **options):
+    if name == "reference":
+        return ReferenceBackend(mk)
+    if name == "vm":
+        from scheduler.vm import VMBackend
+        return VMBackend(mk, **options)
+    if name in ("megakernel", "superkernel", "per-op", "cuda-graph"):
+        from .backends import make_kernel_backend
+        return make_kernel_backend(name, mk, **options)
+    raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
+
+
+def _as_prompts(input_ids, batch_size: int) -> list[torch.Tensor]:
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, length], got shape {list(input_ids.shape)}")
+        prompts = [row for row in input_ids.long().cpu()]
+    elif len(input_ids) and isinstance(input_ids[0], int):
+        prompts = [torch.tensor(input_ids, dtype=torch.long)]
+    else:
+        prompts = [torch.as_tensor(list(p), dtype=torch.long) for p in input_ids]
+    if len(prompts) != batch_size:
+        raise ValueError(f"got {len(prompts)} prompts for batch_size {batch_size}")
+    return prompts
+
+
+class MegaQwen3:
+    """Decode a Qwen3 model with one of the backends in ``BACKENDS``.
+
+    >>> mk = MegaQwen3(load_model("0.6b"), max_seq_len=4096, batch_size=1)
+    >>> logits = mk.prefill([1, 2, 3]); tok = mk.step()
+    """
+
+    def __init__(self, model, max_seq_len: int = 4096, batch_size: int = 1, backend: str = "megakernel",
+                 **backend_options):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+        if max_seq_len < 2:
+            raise ValueError(f"max_seq_len must be at least 2, got {max_seq_len}")
+        if not 1 <= batch_size:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.model, self.config, self.weights = model, model.config, model.weights
+        self.backend_name = backend
+        self.max_seq_len, self.batch_size = max_seq_len, batch_size
+        dev, dt = self.weights.device, self.weights.dtype
+        self.cache = KVCache.allocate(self.config, batch_size, max_seq_len, dt, dev)
+        self.tokens = torch.zeros(batch_size, dtype=torch.int32, device=dev)      # pending input tokens
+        self.logits = torch.zeros(batch_size, self.config.vocab_size, dtype=torch.float32, device=dev)
+        self.reference = Qwen3Reference(self.config, self.weights, self.cache)
+        self.sampling = SamplingParams()
+        self._generator: torch.Generator | None = None
+        self._lengths = [0] * batch_size    # host mirror of cache.lengths: bounds checks need no sync
+        self.backend = _make_backend(backend, self, **backend_options)
+
+    def reset(self):
+        """Forget the sequences; buffers and the compiled tape are kept."""
+        self.cache.reset()
+        self.tokens.zero_()
+        self._lengths = [0] * self.batch_size
+
+    @torch.no_grad()
+    def prefill(self, input_ids) -> torch.Tensor:
+        """Fill the cache with the prompts (LongTensor [B, T], a list of ids, or a list of lists of
+        different lengths) and return float32 logits [B, vocab] of each last position. The first
+        decode token is chosen from them with the current sampling settings."""
+        prompts = _as_prompts(input_ids, self.batch_size)
+        V = self.config.vocab_size
+        for b, p in enumerate(prompts):
+            if p.numel() == 0:
+                raise ValueError(f"prompt {b} is empty")
+            if p.numel() >= self.max_seq_len:
+                raise ValueError(f"prompt {b} has {p.numel()} tokens; max_seq_len is {self.max_seq_len}, "
+                                 f"which leaves no room to generate")
+            if int(p.min()) < 0 or int(p.max()) >= V:
+                raise ValueError(f"prompt {b} has token ids outside [0, {V})")
+        self.reset()
+        self.logits.copy_(self.reference.prefill(prompts))
+        self._lengths = [p.numel() for p in prompts]
+        self.tokens.copy_(sample(self.logits, self.sampling, self._generator))
+        return self.logits.clone()
+
+    @torch.no_grad()
+    def step(self) -> torch.Tensor:
+        """One decode step for the whole batch; returns the next tokens, LongTensor [B]."""
+        if not any(self._lengths):
+            raise RuntimeError("step() before prefill(): there is no sequence to continue")
+        full = [b for b, n in enumerate(self._lengths) if n >= self.max_seq_len]
+        if full:
+            raise ValueError(f"sequence {full[0]} has reached max_seq_len {self.max_seq_len}; "
+                             f"reset() or build with a larger max_seq_len")
+        self.backend.decode()
+        self._lengths = [n + 1 for n in self._lengths]
+        if not self.sampling.greedy:
+            self.tokens.copy_(sample(self.logits, self.sampling, self._generator))
+        return self.tokens.long()
+
+    @torch.no_grad()
+    def generate(self, input_ids, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None,
+                 stop_tokens: Sequence[int] = (),
+                 on_token: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+        """Prefill, then decode ``max_new_tokens`` tokens; LongTensor [B, N]. Stops early once every
+        sequence has produced one of ``stop_tokens``. ``on_token`` sees each new [B] tensor."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        self.sampling = SamplingParams(temperature, top_k, top_p, seed)
+        self._generator = None
+        if seed is not None and not self.sampling.greedy:
+            self._generator = torch.Generator(device=self.tokens.device).manual_seed(seed)
+        self.prefill(input_ids)
+        room = self.max_seq_len - max(self._lengths)
+        if max_new_tokens > room + 1:
+            raise ValueError(f"{max_new_tokens} new tokens do not fit: the longest prompt leaves room for "
+                             f"{room + 1} within max_seq_len {self.max_seq_len}")
+        out = [self.tokens.long()]
+        done = torch.zeros(self.batch_size, dtype=torch.bool)
+        stops = torch.tensor(list(stop_tokens), dtype=torch.long)
+        for i in range(max_new_tokens):
+            if i:
+                out.append(self.step())
+            if on_token is not None:
+                on_token(out[-1])
+            if len(stops):
+                done |= torch.isin(out[-1].cpu(), stops)
+                if bool(done.all()):
+                    break
+        return torch.stack(out, dim=1)

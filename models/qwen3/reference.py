@@ -1,0 +1,144 @@
+"""The torch reference Qwen3 model, with a static KV cache: the oracle the kernels are held to.
+
+Numerics follow Hugging Face's ``Qwen3ForCausalLM`` (transformers/models/qwen3/modeling_qwen3.py):
+RMSNorm in float32 then cast back before the weight multiply; q/k RMSNorm per head *before* RoPE;
+RoPE in the half-split ("rotate_half") form with float32 angles; softmax in float32; GQA by
+repeating each key/value head over its group of query heads. Every sequence of a batch has its
+own length, so prompts of different lengths prefill and decode side by side.
+
+The cache layout is the one the kernels use: ``k, v: [layers, batch, kv_heads, max_seq_len,
+head_dim]``, so one kv head's keys are contiguous rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .config import Qwen3Config
+from .weights import Qwen3Weights
+
+
+@dataclass
+class KVCache:
+    k: torch.Tensor        # [L, B, Hkv, S, D]
+    v: torch.Tensor        # [L, B, Hkv, S, D]
+    lengths: torch.Tensor  # [B] int32: positions filled so far (= position of the next token)
+
+    @staticmethod
+    def allocate(cfg: Qwen3Config, batch_size: int, max_seq_len: int, dtype, device) -> "KVCache":
+        shape = (cfg.num_hidden_layers, batch_size, cfg.num_key_value_heads, max_seq_len, cfg.head_dim)
+        return KVCache(k=torch.zeros(shape, dtype=dtype, device=device),
+                       v=torch.zeros(shape, dtype=dtype, device=device),
+                       lengths=torch.zeros(batch_size, dtype=torch.int32, device=device))
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+    def reset(self):
+        self.lengths.zero_()
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype):
+    """cos, sin of shape [*positions.shape, head_dim], computed in float32 as HF does."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device)
+                                .float() / head_dim))
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _attend(q, k, v, mask, group):
+    """q: [Hq, T, D]; k, v: [Hkv, S, D]; mask: [T, S] bool (True = attend)."""
+    k = k.repeat_interleave(group, dim=0)
+    v = v.repeat_interleave(group, dim=0)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return torch.matmul(probs, v)
+
+
+def forward_tokens(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, b: int, ids: torch.Tensor,
+                   start: int, all_logits: bool = False) -> torch.Tensor:
+    """Run tokens ``ids`` [T] of sequence ``b`` at positions start..start+T-1, appending their keys
+    and values to the cache. Returns float32 logits of the last position [V] (or all, [T, V])."""
+    T = ids.shape[0]
+    if start + T > cache.max_seq_len:
+        raise ValueError(f"sequence {b}: {start + T} positions exceed max_seq_len {cache.max_seq_len}")
+    Hq, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    pos = torch.arange(start, start + T, device=ids.device)
+    cos, sin = rope_cos_sin(pos, D, cfg.rope_theta, w.dtype)
+    key_pos = torch.arange(start + T, device=ids.device)
+    mask = key_pos[None, :] <= pos[:, None]
+    x = w.embed[ids]                                              # [T, H]
+    for l in range(cfg.num_hidden_layers):
+        h = rmsnorm(x, w.input_norm[l], cfg.rms_norm_eps)
+        qkv = h @ w.wqkv[l].T                                     # [T, (Hq + 2 Hkv) D]
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = rmsnorm(q.view(T, Hq, D), w.q_norm[l], cfg.rms_norm_eps).transpose(0, 1)
+        k = rmsnorm(k.view(T, Hkv, D), w.k_norm[l], cfg.rms_norm_eps).transpose(0, 1)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cache.k[l, b, :, start:start + T] = k
+        cache.v[l, b, :, start:start + T] = v.view(T, Hkv, D).transpose(0, 1)
+        o = _attend(q, cache.k[l, b, :, :start + T], cache.v[l, b, :, :start + T], mask, cfg.group_size)
+        x = x + o.transpose(0, 1).reshape(T, cfg.q_size) @ w.wo[l].T
+        h = rmsnorm(x, w.post_norm[l], cfg.rms_norm_eps)
+        gate, up = (h @ w.wgate_up[l].T).split(cfg.intermediate_size, dim=-1)
+        x = x + (F.silu(gate) * up) @ w.wdown[l].T
+    x = rmsnorm(x if all_logits else x[-1:], w.final_norm, cfg.rms_norm_eps)
+    logits = (x @ w.lm_head.T).float()
+    return logits if all_logits else logits[0]
+
+
+class Qwen3Reference:
+    """Prefill and one-token decode steps over a static KV cache, in plain torch."""
+
+    PREFILL_CHUNK = 512
+
+    def __init__(self, cfg: Qwen3Config, weights: Qwen3Weights, cache: KVCache):
+        self.cfg, self.w, self.cache = cfg, weights, cache
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[torch.Tensor]) -> torch.Tensor:
+        """Prefill sequence b with prompts[b] (1-D token ids) from position 0; float32 [B, V]."""
+        if len(prompts) != self.cache.batch_size:
+            raise ValueError(f"got {len(prompts)} prompts for a batch of {self.cache.batch_size}")
+        out = []
+        for b, ids in enumerate(prompts):
+            ids = ids.to(self.w.device)
+            # Chunks bound the attention scores' memory ([heads, chunk, length]) on long prompts.
+            for start in range(0, ids.shape[0], self.PREFILL_CHUNK):
+                logits = forward_tokens(self.cfg, self.w, self.cache, b,
+                                        ids[start:start + self.PREFILL_CHUNK], start)
+            out.append(logits)
+            self.cache.lengths[b] = ids.shape[0]
+        return torch.stack(out)
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One step: token b goes at position lengths[b]; returns float32 logits [B, V]."""
+        lengths = self.cache.lengths.tolist()
+        out = [forward_tokens(self.cfg, self.w, self.cache, b, tokens[b:b + 1], lengths[b])
+               for b in range(len(lengths))]
+        self.cache.lengths += 1
+        return torch.stack(out)

@@ -1,0 +1,341 @@
+"""Qwen3 weights: loading Hugging Face checkpoints into the stacked layout the kernels read.
+
+Every kernel and the torch reference read the same tensors. Per-layer weights are stacked along a
+leading layer axis and the projections that share an input are concatenated (q|k|v, gate|up), so
+a tile finds its weights from the layer index and a constexpr shape, with no per-layer pointer
+table. Loading copies each checkpoint tensor once into its slot of the stacked buffer, so peak
+memory is one model plus one tensor.
+
+Sources, in the order ``resolve_checkpoint`` tries them: a local folder; a size alias
+(``0.6b``..``32b``) or repo id in the local Hugging Face cache; a download where the network
+allows. Where none works (or with ``random_weights=True``) the model gets deterministic random
+weights of the true shapes, written once to a cache folder as safetensors so later runs reload
+them quickly. Outputs of such a model are meaningless, and the loader says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+
+from .config import PRESETS, REPO_IDS, Qwen3Config
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded: the message names the file or tensor and why."""
+
+
+@dataclass
+class Qwen3Weights:
+    """All weights of a Qwen3 model, stacked over layers. Shapes use L layers, H hidden,
+    D head_dim, Hq/Hkv query/kv heads, I intermediate, V vocab."""
+    embed: torch.Tensor        # [V, H]
+    lm_head: torch.Tensor      # [V, H]; the same tensor as embed when tied
+    final_norm: torch.Tensor   # [H]
+    input_norm: torch.Tensor   # [L, H]
+    post_norm: torch.Tensor    # [L, H]
+    q_norm: torch.Tensor       # [L, D]
+    k_norm: torch.Tensor       # [L, D]
+    wqkv: torch.Tensor         # [L, (Hq + 2 Hkv) D, H]: q rows, then k rows, then v rows
+    wo: torch.Tensor           # [L, H, Hq D]
+    wgate_up: torch.Tensor     # [L, 2 I, H]: gate rows, then up rows
+    wdown: torch.Tensor        # [L, H, I]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.wqkv.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.wqkv.device
+
+    @property
+    def tied(self) -> bool:
+        return self.lm_head.data_ptr() == self.embed.data_ptr()
+
+    def to(self, dtype=None, device=None) -> "Qwen3Weights":
+        """A copy in another dtype/device that keeps a tied head tied."""
+        moved = {k: v.to(device=device, dtype=dtype) for k, v in self.tensors().items() if k != "lm_head"}
+        head = moved["embed"] if self.tied else self.lm_head.to(device=device, dtype=dtype)
+        return Qwen3Weights(lm_head=head, **moved)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def nbytes(self) -> int:
+        """Bytes of weights a decode step reads (a tied head counted once)."""
+        total = sum(t.numel() * t.element_size() for n, t in self.tensors().items() if n != "lm_head")
+        if not self.tied:
+            total += self.lm_head.numel() * self.lm_head.element_size()
+        return total
+
+    @staticmethod
+    def empty(cfg: Qwen3Config, dtype: torch.dtype, device) -> "Qwen3Weights":
+        L, H, D, I, V = (cfg.num_hidden_layers, cfg.hidden_size, cfg.head_dim,
+                         cfg.intermediate_size, cfg.vocab_size)
+        e = lambda *shape: torch.empty(*shape, dtype=dtype, device=device)  # noqa: E731
+        embed = e(V, H)
+        return Qwen3Weights(
+            embed=embed, lm_head=embed if cfg.tie_word_embeddings else e(V, H), final_norm=e(H),
+            input_norm=e(L, H), post_norm=e(L, H), q_norm=e(L, D), k_norm=e(L, D),
+            wqkv=e(L, cfg.qkv_size, H), wo=e(L, H, cfg.q_size), wgate_up=e(L, 2 * I, H),
+            wdown=e(L, H, I))
+
+
+def hf_slots(cfg: Qwen3Config, w: Qwen3Weights) -> dict[str, torch.Tensor]:
+    """Map every Hugging Face tensor name to the view of the stacked buffer it fills."""
+    q, kv, I = cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    slots = {
+        "model.embed_tokens.weight": w.embed,
+        "model.norm.weight": w.final_norm,
+    }
+    if not cfg.tie_word_embeddings:
+        slots["lm_head.weight"] = w.lm_head
+    for l in range(cfg.num_hidden_layers):
+        p = f"model.layers.{l}."
+        slots.update({
+            p + "input_layernorm.weight": w.input_norm[l],
+            p + "post_attention_layernorm.weight": w.post_norm[l],
+            p + "self_attn.q_norm.weight": w.q_norm[l],
+            p + "self_attn.k_norm.weight": w.k_norm[l],
+            p + "self_attn.q_proj.weight": w.wqkv[l, :q],
+            p + "self_attn.k_proj.weight": w.wqkv[l, q:q + kv],
+            p + "self_attn.v_proj.weight": w.wqkv[l, q + kv:],
+            p + "self_attn.o_proj.weight": w.wo[l],
+            p + "mlp.gate_proj.weight": w.wgate_up[l, :I],
+            p + "mlp.up_proj.weight": w.wgate_up[l, I:],
+            p + "mlp.down_proj.weight": w.wdown[l],
+        })
+    return slots
+
+
+def to_hf_state_dict(cfg: Qwen3Config, w: Qwen3Weights) -> dict[str, torch.Tensor]:
+    """The inverse of loading: HF names to (contiguous copies of) our tensors."""
+    sd = {name: t.contiguous().clone() for name, t in hf_slots(cfg, w).items()}
+    if cfg.tie_word_embeddings:
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    return sd
+
+
+def random_weights(cfg: Qwen3Config, seed: int = 0, dtype=torch.float32, device="cpu") -> Qwen3Weights:
+    """Deterministic random weights of the true shapes (for one seed and device type), scaled so
+    every layer moves the residual stream about as much as the embedding does: the greedy
+    tokens then depend on the whole network (not just echo the input) and win by clear margins.
+    Generated one layer slice at a time, on the target device, so large models need no host copy."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    w = Qwen3Weights.empty(cfg, dtype, device)
+    norms = ("input_norm", "post_norm", "q_norm", "k_norm", "final_norm")
+    for name, t in w.tensors().items():
+        if name == "lm_head" and w.tied:
+            continue
+        if name in norms:
+            std, mean = 0.1, 1.0   # norm weights around 1, as trained models have
+        else:
+            std, mean = (0.1 if name == "embed" else t.shape[-1] ** -0.5), 0.0
+        for part in (t if t.dim() == 3 else [t]):
+            part.copy_(torch.randn(part.shape, generator=g, device=device, dtype=torch.float32) * std + mean)
+    return w
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoint files
+
+
+def _read_safetensors_header(path: Path) -> dict:
+    """Validate a safetensors file's header so that a truncated or corrupt file gets a clear
+    error naming it, rather than a crash deep inside the reader."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes)")
+            (n,) = struct.unpack("<Q", head)
+            if n <= 0 or 8 + n > size:
+                raise CheckpointError(f"{path}: corrupt safetensors header (claims {n} bytes, file has {size})")
+            header = json.loads(f.read(n))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise CheckpointError(f"{path}: corrupt safetensors header (not JSON)") from None
+    end = 8 + n
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, stop = info["data_offsets"]
+        if end + stop > size:
+            raise CheckpointError(f"{path}: truncated safetensors file: tensor {name} ends at byte "
+                                  f"{end + stop}, the file has {size}")
+    return header
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"{index}: not a safetensors index ({e})") from None
+        files = sorted({folder / f for f in weight_map.values()})
+        for f in files:
+            if not f.exists():
+                raise CheckpointError(f"{index}: names {f.name}, which is missing from {folder}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{folder}: no *.safetensors files")
+    return files
+
+
+def load_checkpoint(folder: str | Path, dtype=torch.float32, device="cpu",
+                    cfg: Qwen3Config | None = None, progress: bool = True) -> tuple[Qwen3Config, Qwen3Weights]:
+    """Load a local Hugging Face Qwen3 checkpoint folder into the stacked layout, converting
+    each tensor to ``dtype`` (bf16 files load into float32 and back exactly)."""
+    from safetensors import safe_open
+    from tqdm.auto import tqdm
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: no such checkpoint folder")
+    cfg = cfg or Qwen3Config.from_json(folder / "config.json")
+    files = checkpoint_files(folder)
+    headers = {f: _read_safetensors_header(f) for f in files}
+    w = Qwen3Weights.empty(cfg, dtype, device)
+    slots = hf_slots(cfg, w)
+    seen: set[str] = set()
+    total = sum(len([k for k in h if k != "__metadata__"]) for h in headers.values())
+    bar = tqdm(total=total, desc=f"Loading {folder.name}", unit="tensor", disable=not progress,
+               file=sys.stderr)
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt", device="cpu") as sf:
+                for name in sf.keys():
+                    bar.update(1)
+                    if name == "lm_head.weight" and cfg.tie_word_embeddings:
+                        continue   # tied: some exports store a copy; the embedding is the one read
+                    slot = slots.get(name)
+                    if slot is None:
+                        if name.endswith("rotary_emb.inv_freq"):
+                            continue
+                        raise CheckpointError(f"{f}: unexpected tensor {name} for a Qwen3 model with "
+                                              f"{cfg.num_hidden_layers} layers")
+                    shape = tuple(sf.get_slice(name).get_shape())
+                    if shape != tuple(slot.shape):
+                        raise CheckpointError(f"{f}: tensor {name} has shape {list(shape)}, config.json "
+                                              f"implies {list(slot.shape)}")
+                    slot.copy_(sf.get_tensor(name).to(dtype))
+                    seen.add(name)
+        except CheckpointError:
+            raise
+        except Exception as e:  # the safetensors reader's own errors on damaged files
+            raise CheckpointError(f"{f}: cannot read ({type(e).__name__}: {e})") from None
+    bar.close()
+    missing = sorted(set(slots) - seen)
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise CheckpointError(f"{folder}: missing weights {', '.join(missing[:3])}{more}")
+    return cfg, w
+
+
+def save_checkpoint(folder: str | Path, cfg: Qwen3Config, w: Qwen3Weights, dtype=None) -> Path:
+    """Write config.json and model.safetensors in Hugging Face's layout."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = to_hf_state_dict(cfg, w)
+    if cfg.tie_word_embeddings:
+        del sd["lm_head.weight"]
+    if dtype is not None:
+        sd = {k: v.to(dtype) for k, v in sd.items()}
+    tmp = folder / "model.safetensors.tmp"
+    save_file({k: v.cpu().contiguous() for k, v in sd.items()}, str(tmp), metadata={"format": "pt"})
+    tmp.replace(folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolving a model name
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("MEGAKERNEL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "megakernel")
+    return Path(root)
+
+
+def resolve_checkpoint(name: str, allow_download: bool = True) -> Path | None:
+    """A local folder for ``name`` (folder, size alias or repo id), or None when no checkpoint
+    can be had here. A name that is neither a folder, an alias nor a repo id raises."""
+    p = Path(name).expanduser()
+    if p.exists() or name.startswith((".", "/", "~")):
+        if not p.is_dir():
+            raise CheckpointError(f"{p}: no such checkpoint folder")
+        return p
+    key = name.lower()
+    if key in REPO_IDS:
+        repo = REPO_IDS[key]
+    elif "/" in name:
+        repo = name
+    else:
+        raise CheckpointError(f"unknown model {name!r}: use a size ({', '.join(PRESETS)}), a Hugging Face "
+                              f"repo id, or a checkpoint folder")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        return None
+    patterns = ["*.json", "*.safetensors", "tokenizer*", "*.txt"]
+    try:
+        return Path(snapshot_download(repo, allow_patterns=patterns, local_files_only=True))
+    except Exception:
+        pass
+    if not allow_download or os.environ.get("HF_HUB_OFFLINE") == "1":
+        return None
+    try:
+        print(f"Downloading {repo} from the Hugging Face Hub ...", file=sys.stderr)
+        return Path(snapshot_download(repo, allow_patterns=patterns))
+    except Exception as e:
+        print(f"Could not download {repo}: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
+              file=sys.stderr)
+        return None
+
+
+def preset_for(name: str) -> Qwen3Config | None:
+    key = name.lower()
+    if key in PRESETS:
+        return PRESETS[key]
+    for size, repo in REPO_IDS.items():
+        if repo.lower() == key:
+            return PRESETS[size]
+    return None
+
+
+def load_random(cfg: Qwen3Config, seed: int, dtype, device, label: str, progress: bool = True) -> Qwen3Weights:
+    """Deterministic random weights. Models under 2B parameters are generated once on the CPU and
+    cached as safetensors (float32 for tiny ones, bf16 otherwise) so later runs load the same
+    values quickly on any device; larger ones are generated on the device each time."""
+    import hashlib
+
+    if cfg.num_parameters() > 2_000_000_000:
+        return random_weights(cfg, seed=seed, dtype=dtype, device=device)
+    key = hashlib.sha1(json.dumps([cfg.to_dict(), seed], sort_keys=True).encode()).hexdigest()[:12]
+    folder = cache_dir() / "random" / f"{label}-seed{seed}-{key}"
+    if (folder / "model.safetensors").exists():
+        try:
+            return load_checkpoint(folder, dtype=dtype, device=device, cfg=cfg, progress=progress)[1]
+        except CheckpointError as e:
+            print(f"Regenerating random weights: cached copy unreadable ({e})", file=sys.stderr)
+    print(f"Generating random weights for {label} (once; cached in {folder}) ...", file=sys.stderr)
+    w = random_weights(cfg, seed=seed, dtype=torch.float32, device="cpu")
+    disk_dtype = torch.float32 if cfg.num_parameters() < 50_000_000 else torch.bfloat16
+    try:
+        save_checkpoint(folder, cfg, w, dtype=disk_dtype)
+    except OSError as e:
+        print(f"(not caching random weights: {e})", file=sys.stderr)
+        return w.to(dtype=disk_dtype).to(dtype=dtype, device=device)
+    return load_checkpoint(folder, dtype=dtype, device=device, cfg=cfg, progress=progress)[1]
