@@ -1,0 +1,66 @@
+"""Device helpers every instruction kind shares: the bounded counter wait, RMSNorm statistics,
+and the row-block GEMV core.
+
+Memory ordering (DESIGN.md section 4): a consumer's poll is a scalar
+``atomic_add(ptr, 0, sem="acquire")``, which Triton lowers to one ``ld.acquire.gpu`` on one
+thread and broadcasts through shared memory with a CTA barrier; loads of activations written by
+other programs in the same launch then use ``cache_modifier=".cg"`` (L2, never a stale L1 line).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def wait_counter(cnt_ptr, target, SPIN: tl.constexpr):
+    """Spin until ``*cnt_ptr >= target`` or SPIN polls have passed; returns the last value seen
+    (the caller reports a timeout when it is below target). Bounded so that a broken tape ends in
+    an error, never a hung GPU."""
+    seen = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+    it = 0
+    while (seen < target) & (it < SPIN):
+        seen = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+        it += 1
+    return seen
+
+
+@triton.jit
+def rms_rstd(x_ptr, K: tl.constexpr, eps, BK: tl.constexpr):
+    """1 / sqrt(mean(x^2) + eps) of a float32 row of K elements."""
+    kk = tl.arange(0, BK)
+    ss = tl.zeros([BK], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        x = tl.load(x_ptr + k0 + kk, mask=k0 + kk < K, other=0.0, cache_modifier=".cg")
+        ss += x * x
+    return 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+
+
+@triton.jit
+def load_w(w_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, BK: tl.constexpr):
+    """Weight block rows [row0, min(row0+R, row_end)) x columns [k0, k0+BK) of a row-major
+    [N, K] matrix. Weights are read once per step: evict them first so activations keep the
+    cache."""
+    r = row0 + tl.arange(0, R)
+    k = k0 + tl.arange(0, BK)
+    return tl.load(w_ptr + r[:, None] * K + k[None, :], mask=(r[:, None] < row_end) & (k[None, :] < K),
+                   other=0.0, eviction_policy="evict_first")
+
+
+@triton.jit
+def dot_rows(w_ptr, w0, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, rstd,
+             NORM: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
+    """acc[r] = sum_k W[row0 + r, k] * v[k] for r < R, where v = x (float32, read through L2) or,
+    with NORM, v = x * rstd * norm_weight. ``w0`` is the first K-chunk, already loaded."""
+    kk = tl.arange(0, BK)
+    x = tl.load(x_ptr + kk, mask=kk < K, other=0.0, cache_modifier=".cg")
+    if NORM:
+        x = x * rstd * tl.load(nw_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+    acc = tl.sum(w0.to(tl.float32) * x[None, :], axis=1)
+    for k0 in range(BK, K, BK):
+        w = load_w(w_ptr, row0, row_end, K, k0, R, BK)
+        x = tl.load(x_ptr + k0 + kk, mask=k0 + kk < K, other=0.0, cache_modifier=".cg")
+        if NORM:
+            x = x * rstd * tl.load(nw_ptr + k0 + kk, mask=k0 + kk < K, other=0.0).to(tl.float32)
+        acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    return acc
+

@@ -1,0 +1,34 @@
+"""EMBED: x[b] = embed[token[b]] (float32 residual stream).
+
+Qwen3-0.6B: token [1] int32, embed [151936, 1024] bf16 -> x [1, 1024] fp32. Reads H*2 bytes per
+sequence. Matches ``Qwen3Model.embed_tokens``. Runs inside the step so a decode step needs no host
+work: the token comes from the previous step's ARGMAX (or from prefill).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def embed_tile(t0, t1, tokens_ptr, embed_ptr, x_ptr, H: tl.constexpr, BK: tl.constexpr):
+    kk = tl.arange(0, BK)
+    for b in range(t0, t1):
+        tok = tl.load(tokens_ptr + b).to(tl.int64)
+        for k0 in range(0, H, BK):
+            v = tl.load(embed_ptr + tok * H + k0 + kk, mask=k0 + kk < H, other=0.0)
+            tl.store(x_ptr + b * H + k0 + kk, v.to(tl.float32), mask=k0 + kk < H)
+
+
+@triton.jit
+def embed_kernel(tokens_ptr, embed_ptr, x_ptr, H: tl.constexpr, BK: tl.constexpr):
+    pid = tl.program_id(0)
+    embed_tile(pid, pid + 1, tokens_ptr, embed_ptr, x_ptr, H, BK)
+
+
+def embed(st, p, layer=0):
+    embed_kernel[(p.B,)](st.tokens, st.w.embed, st.x, H=p.H, BK=p.BK_H, num_warps=4)
+
+
+def embed_ref(st, p, layer, t0, t1):
+    for b in range(t0, t1):
+        st.x[b] = st.w.embed[st.tokens[b].long()].float()

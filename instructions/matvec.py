@@ -1,0 +1,174 @@
+"""OPROJ, GATEUP, DOWN, LMHEAD: the row-block GEMVs after attention, each with its epilogue.
+
+- OPROJ  x[b] += Wo[layer] @ attn[b]                          (``o_proj`` + residual)
+- GATEUP act[b] = silu(Wg h) * (Wu h), h = rmsnorm(x[b])*w   (``post_attention_layernorm`` + MLP in)
+- DOWN   x[b] += Wd[layer] @ act[b]                           (``down_proj`` + residual)
+- LMHEAD logits[b] = Wlm @ rmsnorm(x[b])*w_final, and per tile (max, first argmax) for ARGMAX
+
+Qwen3-0.6B per layer: Wo [1024, 2048], Wg|Wu [6144, 1024], Wd [1024, 3072] bf16; the LM head
+[151936, 1024] is 311 MB, a quarter of a step's bytes. A tile of R rows reads R*K*2 bytes.
+The tile's first weight chunk is loaded before the wait on its input (weights never depend on
+activations), and each next tile's first chunk while the current one computes.
+"""
+
+import triton
+import triton.language as tl
+
+from scheduler.ops import Op
+
+from .common import dot_rows, load_w, rms_rstd, wait_counter
+
+
+@triton.jit
+def residual_tile(t0, t1, layer, in_ptr, w_base, x_ptr, cnt_ptr, target,
+                  B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
+                  WAIT: tl.constexpr, SPIN: tl.constexpr):
+    """x[b, rows] += W[layer, rows] @ in[b] (OPROJ with in = attn, DOWN with in = act)."""
+    w_ptr = w_base + layer.to(tl.int64) * (N * K)
+    row_end = tl.minimum(t1 * R, N)
+    w0 = load_w(w_ptr, t0 * R, row_end, K, 0, R, BK)
+    seen = target
+    if WAIT:
+        seen = wait_counter(cnt_ptr, target, SPIN)
+    for t in range(t0, t1):
+        w_next = load_w(w_ptr, (t + 1) * R, row_end, K, 0, R, BK)
+        rows = t * R + tl.arange(0, R)
+        for b in range(B):
+            acc = dot_rows(w_ptr, w0, t * R, row_end, K, in_ptr + b * K, in_ptr, 1.0, False, R, BK)
+            xr = tl.load(x_ptr + b * N + rows, mask=rows < row_end, other=0.0, cache_modifier=".cg")
+            tl.store(x_ptr + b * N + rows, xr + acc, mask=rows < row_end)
+        w0 = w_next
+    return seen
+
+
+@triton.jit
+def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
+                B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
+                WAIT: tl.constexpr, SPIN: tl.constexpr):
+    g_ptr = wgu_ptr + layer.to(tl.int64) * (2 * I * H)
+    u_ptr = g_ptr + I * H
+    nw_ptr = postnorm_ptr + layer * H
+    row_end = tl.minimum(t1 * R, I)
+    g0 = load_w(g_ptr, t0 * R, row_end, H, 0, R, BK)
+    u0 = load_w(u_ptr, t0 * R, row_end, H, 0, R, BK)
+    seen = target
+    if WAIT:
+        seen = wait_counter(cnt_ptr, target, SPIN)
+    for t in range(t0, t1):
+        g_next = load_w(g_ptr, (t + 1) * R, row_end, H, 0, R, BK)
+        u_next = load_w(u_ptr, (t + 1) * R, row_end, H, 0, R, BK)
+        rows = t * R + tl.arange(0, R)
+        for b in range(B):
+            rstd = rms_rstd(x_ptr + b * H, H, eps, BK)
+            gate = dot_rows(g_ptr, g0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R, BK)
+            up = dot_rows(u_ptr, u0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R, BK)
+            act = gate / (1.0 + tl.exp(-gate)) * up
+            tl.store(act_ptr + b * I + rows, act, mask=rows < row_end)
+        g0 = g_next
+        u0 = u_next
+    return seen
+
+
+@triton.jit
+def lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, eps, cnt_ptr, target,
+                B: tl.constexpr, H: tl.constexpr, V: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
+                NT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
+    row_end = tl.minimum(t1 * R, V)
+    w0 = load_w(lm_ptr, t0 * R, row_end, H, 0, R, BK)
+    seen = target
+    if WAIT:
+        seen = wait_counter(cnt_ptr, target, SPIN)
+    for t in range(t0, t1):
+        w_next = load_w(lm_ptr, (t + 1) * R, row_end, H, 0, R, BK)
+        rows = t * R + tl.arange(0, R)
+        for b in range(B):
+            rstd = rms_rstd(x_ptr + b * H, H, eps, BK)
+            acc = dot_rows(lm_ptr, w0, t * R, row_end, H, x_ptr + b * H, fnorm_ptr, rstd, True, R, BK)
+            tl.store(logits_ptr + b * V + rows, acc, mask=rows < row_end)
+            acc = tl.where(rows < row_end, acc, float("-inf"))
+            best = tl.max(acc, axis=0)
+            idx = tl.min(tl.where(acc == best, rows, 2147483647), axis=0)   # first maximum, as torch
+            tl.store(amax_v_ptr + b * NT + t, best)
+            tl.store(amax_i_ptr + b * NT + t, idx)
+        w0 = w_next
+    return seen
+
+
+@triton.jit
+def oproj_kernel(layer, attn_ptr, wo_ptr, x_ptr, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+                 R: tl.constexpr, BK: tl.constexpr):
+    pid = tl.program_id(0)
+    residual_tile(pid, pid + 1, layer, attn_ptr, wo_ptr, x_ptr, attn_ptr, 0, B, N, K, R, BK, False, 0)
+
+
+@triton.jit
+def gateup_kernel(layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, B: tl.constexpr, H: tl.constexpr,
+                  I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
+    pid = tl.program_id(0)
+    gateup_tile(pid, pid + 1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, x_ptr, 0, B, H, I, R, BK,
+                False, 0)
+
+
+@triton.jit
+def lmhead_kernel(x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, eps, B: tl.constexpr,
+                  H: tl.constexpr, V: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, NT: tl.constexpr):
+    pid = tl.program_id(0)
+    lmhead_tile(pid, pid + 1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, eps, x_ptr, 0,
+                B, H, V, R, BK, NT, False, 0)
+
+
+def oproj(st, p, layer):
+    oproj_kernel[(p.tiles(Op.OPROJ),)](layer, st.attn, st.w.wo, st.x, B=p.B, N=p.H, K=p.HQ * p.D, R=p.R_O,
+                                       BK=p.BK_Q, num_warps=st.num_warps)
+
+
+def gateup(st, p, layer):
+    gateup_kernel[(p.tiles(Op.GATEUP),)](layer, st.x, st.w.wgate_up, st.w.post_norm, st.act, st.eps, B=p.B,
+                                         H=p.H, I=p.I, R=p.R_GU, BK=p.BK_H, num_warps=st.num_warps)
+
+
+def down(st, p, layer):
+    oproj_kernel[(p.tiles(Op.DOWN),)](layer, st.act, st.w.wdown, st.x, B=p.B, N=p.H, K=p.I, R=p.R_DOWN,
+                                      BK=p.BK_I, num_warps=st.num_warps)
+
+
+def lmhead(st, p, layer=0):
+    lmhead_kernel[(p.tiles(Op.LMHEAD),)](st.x, st.w.lm_head, st.w.final_norm, st.logits, st.amax_v, st.amax_i,
+                                         st.eps, B=p.B, H=p.H, V=p.V, R=p.R_LM, BK=p.BK_H,
+                                         NT=p.tiles(Op.LMHEAD), num_warps=st.num_warps)
+
+
+def _rows(t0, t1, R, N):
+    return slice(t0 * R, min(t1 * R, N))
+
+
+def oproj_ref(st, p, layer, t0, t1):
+    r = _rows(t0, t1, p.R_O, p.H)
+    st.x[:, r] += st.attn @ st.w.wo[layer, r].float().T
+
+
+def gateup_ref(st, p, layer, t0, t1):
+    import torch.nn.functional as F
+
+    from models.qwen3.reference import rmsnorm
+    r = _rows(t0, t1, p.R_GU, p.I)
+    h = rmsnorm(st.x, st.w.post_norm[layer].float(), st.eps)
+    gate = h @ st.w.wgate_up[layer, r].float().T
+    up = h @ st.w.wgate_up[layer, p.I + r.start:p.I + r.stop].float().T
+    st.act[:, r] = F.silu(gate) * up
+
+
+def down_ref(st, p, layer, t0, t1):
+    r = _rows(t0, t1, p.R_DOWN, p.H)
+    st.x[:, r] += st.act @ st.w.wdown[layer, r].float().T
+
+
+def lmhead_ref(st, p, layer, t0, t1):
+    from models.qwen3.reference import rmsnorm
+    h = rmsnorm(st.x, st.w.final_norm.float(), st.eps)
+    for t in range(t0, t1):
+        r = _rows(t, t + 1, p.R_LM, p.V)
+        lg = h @ st.w.lm_head[r].float().T
+        st.logits[:, r] = lg
+        st.amax_v[:, t], idx = lg.max(dim=1)
+        st.amax_i[:, t] = idx.int() + r.start

@@ -1,0 +1,57 @@
+"""QKV: qkv[b] = Wqkv[layer] @ rmsnorm(x[b]) * input_norm[layer], the fused q|k|v projection
+with the input RMSNorm recomputed inside each tile (the vector is only hidden_size long, so every
+tile recomputing it costs an L2 read instead of a dependent step).
+
+Qwen3-0.6B: x [1, 1024] fp32, Wqkv [28, 4096, 1024] bf16 -> qkv [1, 4096] fp32 (raw projections;
+q/k norm and RoPE happen in ATTN). Reads R*H*2 bytes of weights per tile. Matches
+``Qwen3Attention.{q,k,v}_proj`` after ``input_layernorm``.
+"""
+
+import triton
+import triton.language as tl
+
+from scheduler.ops import Op
+
+from .common import dot_rows, load_w, rms_rstd, wait_counter
+
+
+@triton.jit
+def qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, cnt_ptr, target,
+             B: tl.constexpr, H: tl.constexpr, N: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
+             WAIT: tl.constexpr, SPIN: tl.constexpr):
+    w_ptr = wqkv_ptr + layer.to(tl.int64) * (N * H)
+    nw_ptr = innorm_ptr + layer * H
+    row_end = tl.minimum(t1 * R, N)
+    w0 = load_w(w_ptr, t0 * R, row_end, H, 0, R, BK)     # weights first: they never wait
+    seen = target
+    if WAIT:
+        seen = wait_counter(cnt_ptr, target, SPIN)
+    for t in range(t0, t1):
+        w_next = load_w(w_ptr, (t + 1) * R, row_end, H, 0, R, BK)
+        rows = t * R + tl.arange(0, R)
+        for b in range(B):
+            rstd = rms_rstd(x_ptr + b * H, H, eps, BK)
+            acc = dot_rows(w_ptr, w0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R, BK)
+            tl.store(qkv_ptr + b * N + rows, acc, mask=rows < row_end)
+        w0 = w_next
+    return seen
+
+
+@triton.jit
+def qkv_kernel(layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, B: tl.constexpr, H: tl.constexpr,
+               N: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
+    pid = tl.program_id(0)
+    qkv_tile(pid, pid + 1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, x_ptr, 0,
+             B, H, N, R, BK, False, 0)
+
+
+def qkv(st, p, layer):
+    qkv_kernel[(p.tiles(Op.QKV),)](layer, st.x, st.w.wqkv, st.w.input_norm, st.qkv, st.eps,
+                               B=p.B, H=p.H, N=p.QKV_ROWS, R=p.R_QKV, BK=p.BK_H, num_warps=st.num_warps)
+
+
+def qkv_ref(st, p, layer, t0, t1):
+    from models.qwen3.reference import rmsnorm
+    rows = slice(t0 * p.R_QKV, min(t1 * p.R_QKV, p.QKV_ROWS))
+    h = rmsnorm(st.x, st.w.input_norm[layer].float(), st.eps)
+    st.qkv[:, rows] = h @ st.w.wqkv[layer, rows].float().T

@@ -1,0 +1,259 @@
+"""The kernel backends: ``megakernel``, ``superkernel``, ``per-op`` and ``cuda-graph``.
+
+All four run the same tile functions (``instructions/``) over the same scratch buffers:
+- megakernel: one persistent launch per step over a tape with counter waits (``scheduler``);
+- superkernel: one persistent launch over a tape with a grid-wide barrier between stages;
+- per-op: each stage launched as its own standalone kernel over all its tiles, in order;
+- cuda-graph: the per-op launches of a step captured once in a CUDA graph and replayed.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from instructions import argmax as k_argmax
+from instructions import attention as k_attention
+from instructions import embed as k_embed
+from instructions import matvec as k_matvec
+from instructions import qkv as k_qkv
+from instructions import reduce as k_reduce
+from scheduler.graph import Tape, build_tape, encode
+from scheduler.ops import Op, Plan, make_plan
+
+from . import device as devices
+
+
+class MegakernelError(RuntimeError):
+    """A persistent kernel stopped on a wait that timed out; the message names the instruction."""
+
+
+@dataclass
+class StepState:
+    """Everything a decode step reads and writes, on the device (names match the kernels' args)."""
+    w: object                 # Qwen3Weights
+    tokens: torch.Tensor      # [B] int32
+    lengths: torch.Tensor     # [B] int32
+    k_cache: torch.Tensor     # [L, B, Hkv, S, D]
+    v_cache: torch.Tensor
+    logits: torch.Tensor      # [B, V] fp32
+    x: torch.Tensor           # [B, H] fp32 residual stream
+    qkv: torch.Tensor         # [B, (Hq + 2 Hkv) D] fp32
+    opart: torch.Tensor       # [B Hq NSPLIT, D] fp32
+    ml: torch.Tensor          # [B Hq NSPLIT, 2] fp32
+    attn: torch.Tensor        # [B, Hq D] fp32
+    act: torch.Tensor         # [B, I] fp32
+    amax_v: torch.Tensor      # [B, LM tiles] fp32
+    amax_i: torch.Tensor      # [B, LM tiles] int32
+    inv_freq: torch.Tensor    # [D / 2] fp32, exactly as HF computes it
+    eps: float
+    rope_theta: float
+    num_warps: int = 4
+
+    @staticmethod
+    def allocate(mk, plan: Plan, num_warps: int = 4) -> "StepState":
+        cfg, dev, p = mk.config, mk.weights.device, plan
+        f32 = dict(dtype=torch.float32, device=dev)
+        D = cfg.head_dim
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
+        nt = p.tiles(Op.LMHEAD)
+        return StepState(
+            w=mk.weights, tokens=mk.tokens, lengths=mk.cache.lengths, k_cache=mk.cache.k, v_cache=mk.cache.v,
+            logits=mk.logits, x=torch.zeros(p.B, p.H, **f32), qkv=torch.zeros(p.B, p.QKV_ROWS, **f32),
+            opart=torch.zeros(p.B * p.HQ * p.NSPLIT, D, **f32), ml=torch.zeros(p.B * p.HQ * p.NSPLIT, 2, **f32),
+            attn=torch.zeros(p.B, p.HQ * D, **f32), act=torch.zeros(p.B, p.I, **f32),
+            amax_v=torch.zeros(p.B, nt, **f32), amax_i=torch.zeros(p.B, nt, dtype=torch.int32, device=dev),
+            inv_freq=inv_freq.to(dev), eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, num_warps=num_warps)
+
+
+def default_workers(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    if device.type == "npu":
+        return 1
+    return 1    # the interpreter runs programs one after another: one worker runs the whole tape
+
+
+def _check_kernel_device(mk, name):
+    dev = mk.weights.device
+    if dev.type == "cpu" and not devices.interpreted():
+        raise RuntimeError(f"backend {name} on the CPU needs Triton's interpreter: set TRITON_INTERPRET=1 "
+                           f"before importing megakernel (or DEVICE=cpu)")
+    if dev.type == "cpu" and mk.weights.dtype != torch.float32:
+        raise RuntimeError(f"backend {name} on the CPU needs float32 weights (the interpreter has no "
+                           f"{mk.weights.dtype} arithmetic); load the model with dtype=torch.float32")
+
+
+class PersistentBackend:
+    """megakernel / superkernel: one launch of the persistent kernel per step."""
+
+    def __init__(self, mk, mode: str = "megakernel", num_workers: int | None = None,
+                 strategy: str = "balanced", spin: int | None = None, num_warps: int = 4, trace: bool = False):
+        _check_kernel_device(mk, mode)
+        from .kernel import megakernel
+        self.kernel = megakernel
+        self.mk, self.mode, self.trace = mk, mode, trace
+        dev = mk.weights.device
+        workers = num_workers or default_workers(dev)
+        if dev.type == "cpu" and workers != 1:
+            raise ValueError("the interpreter runs one program at a time: use num_workers=1 on the CPU")
+        self.plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers)
+        self.tape: Tape = build_tape(self.plan, workers, strategy=strategy, mode=mode)
+        words, lengths = encode(self.tape)
+        self.words, self.lengths = words.to(dev), lengths.to(dev)
+        self.counters = torch.zeros(self.tape.num_counters, dtype=torch.int32, device=dev)
+        self.epoch = torch.zeros(workers, dtype=torch.int32, device=dev)
+        self.err = torch.zeros(8, dtype=torch.int32, device=dev)
+        self.trace_buf = torch.zeros(workers * words.shape[1] * 2 if trace else 1, dtype=torch.int64, device=dev)
+        self.st = StepState.allocate(mk, self.plan, num_warps)
+        # polls before a wait gives up: about a second on a GPU; on the interpreter every legal
+        # wait is already satisfied (one worker, topological order), so a few polls suffice
+        self.spin = spin if spin is not None else (1 << 21 if dev.type == "cuda" else 4)
+        self.num_warps = num_warps
+        self.steps = 0
+        self._pending = None
+        self._err_host = torch.zeros(8, dtype=torch.int32, pin_memory=dev.type == "cuda")
+
+    def reset_counters(self):
+        self.counters.zero_()
+        self.epoch.zero_()
+
+    def launch(self):
+        p, st = self.plan, self.st
+        w = st.w
+        kwargs = dict(p.constexprs())
+        kwargs.update(NT_LM=p.tiles(Op.LMHEAD), SPIN=self.spin, TRACE=self.trace, num_warps=self.num_warps)
+        self.kernel[(self.tape.num_workers,)](
+            self.words, self.lengths, self.counters, self.epoch, self.err, self.trace_buf,
+            st.tokens, st.lengths, st.x, st.qkv, st.opart, st.ml, st.attn, st.act, st.logits,
+            st.amax_v, st.amax_i, st.inv_freq,
+            w.embed, w.lm_head, w.final_norm, w.input_norm, w.post_norm, w.q_norm, w.k_norm,
+            w.wqkv, w.wo, w.wgate_up, w.wdown, st.k_cache, st.v_cache, st.eps, self.words.shape[1],
+            **kwargs)
+
+    def decode(self):
+        # counters are int32: start again from zero well before they could overflow
+        if self.steps and self.steps % 65536 == 0:
+            self.reset_counters()
+        self.launch()
+        self.steps += 1
+        self._check_errors()
+
+    def _check_errors(self, now: bool = False):
+        """Report a timed-out wait. On a GPU the error word of step n is read while step n+1 runs,
+        so checking costs no pipeline bubble; ``now=True`` (or the CPU) checks at once."""
+        dev = self.err.device
+        if dev.type != "cuda":
+            err = self.err.tolist()
+        else:
+            prev = self._pending
+            self._err_host.copy_(self.err, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+            self._pending = ev
+            if now:
+                ev.synchronize()
+            elif prev is None:
+                return
+            else:
+                prev.synchronize()
+            err = self._err_host.tolist()
+        if err[0]:
+            self.raise_error(err)
+
+    def raise_error(self, err):
+        _, worker, pos, counter, target, seen = err[:6]
+        ins = self.tape.workers[worker][pos] if worker < self.tape.num_workers and \
+            pos < len(self.tape.workers[worker]) else None
+        what = ins.describe() if ins else f"instruction {pos}"
+        self.err.zero_()
+        self.reset_counters()
+        raise MegakernelError(
+            f"{self.mode}: worker {worker} timed out at tape position {pos} ({what}) waiting for counter "
+            f"{counter} ({self.tape.counter_names.get(counter, '?')}) to reach {target}; it saw {seen}. "
+            f"The step's outputs are invalid; counters were reset.")
+
+    def synchronize(self):
+        self._check_errors(now=True)
+
+    def trace_events(self):
+        """(worker, tape position, instruction, start_ns, end_ns) of the last step (trace=True)."""
+        t = self.trace_buf.view(self.tape.num_workers, -1, 2).cpu()
+        out = []
+        for w, lst in enumerate(self.tape.workers):
+            for i, ins in enumerate(lst):
+                out.append((w, i, ins, int(t[w, i, 0]), int(t[w, i, 1])))
+        return out
+
+
+def per_op_launches(st: StepState, plan: Plan):
+    """The step as standalone launches, in dependency order: (name, fn, layer)."""
+    seq = [("embed", k_embed.embed, 0)]
+    for l in range(plan.L):
+        seq += [("qkv", k_qkv.qkv, l), ("attention", k_attention.attention, l), ("reduce", k_reduce.reduce, l),
+                ("oproj", k_matvec.oproj, l), ("gateup", k_matvec.gateup, l), ("down", k_matvec.down, l)]
+    seq += [("lmhead", k_matvec.lmhead, 0), ("argmax", k_argmax.argmax, 0)]
+    return seq
+
+
+class PerOpBackend:
+    """Each instruction kind launched as its own kernel over all its tiles."""
+
+    def __init__(self, mk, num_workers: int | None = None, num_warps: int = 4, graph: bool = False, **_):
+        _check_kernel_device(mk, "cuda-graph" if graph else "per-op")
+        dev = mk.weights.device
+        if graph and dev.type != "cuda":
+            raise RuntimeError("backend cuda-graph needs a CUDA GPU")
+        self.mk = mk
+        # the same tile sizes as the megakernel would use, so the numbers agree bit for bit
+        self.plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, num_workers or default_workers(dev))
+        self.st = StepState.allocate(mk, self.plan, num_warps)
+        self.seq = per_op_launches(self.st, self.plan)
+        self.graph = None
+        self.use_graph = graph
+
+    def launch(self):
+        for _, fn, layer in self.seq:
+            fn(self.st, self.plan, layer)
+
+    def decode(self):
+        if not self.use_graph:
+            self.launch()
+            return
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+
+    def _capture(self):
+        # capture must not change the state: run on copies of what a step mutates, then restore
+        saved = [t.clone() for t in (self.st.tokens, self.st.lengths, self.mk.cache.k, self.mk.cache.v)]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            self.launch()     # compile every kernel outside the capture
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self.launch()
+        for t, v in zip((self.st.tokens, self.st.lengths, self.mk.cache.k, self.mk.cache.v), saved):
+            t.copy_(v)
+        self.graph = g
+
+    def synchronize(self):
+        pass
+
+
+def make_kernel_backend(name: str, mk, **options):
+    if name in ("megakernel", "superkernel"):
+        return PersistentBackend(mk, mode=name, **options)
+    if name == "per-op":
+        return PerOpBackend(mk, **options)
+    if name == "cuda-graph":
+        return PerOpBackend(mk, graph=True, **options)
+    raise ValueError(name)
+
+
+def log(msg):
+    print(msg, file=sys.stderr)

@@ -1,0 +1,122 @@
+"""The persistent megakernel: one program per worker walks its list of the tape.
+
+Each program loads one instruction (eight int32 words, see ``scheduler/ops.py``), dispatches on
+the opcode to the instruction kind's tile function (which loads its first weights, then waits on
+its input counter, then computes), and after the tile's last store releases: ``tl.debug_barrier()``
+so every thread's stores are issued, then one ``atomic_add(sem="release")`` on the signal counter.
+
+Waits are bounded (``SPIN`` polls). A timed-out wait records (worker, tape position, counter,
+expected, seen) in ``err`` (first error wins), and every program stops at its next instruction
+once ``err`` is set, so a broken tape ends the launch in an error rather than a hung GPU.
+
+Counter targets grow with the step (``wait_per_step * (epoch + 1)``); each program keeps its own
+epoch in ``epoch[pid]``, so no counter is reset between steps.
+"""
+
+import triton
+import triton.language as tl
+
+from instructions.argmax import argmax_tile
+from instructions.attention import attn_tile
+from instructions.common import wait_counter
+from instructions.embed import embed_tile
+from instructions.matvec import gateup_tile, lmhead_tile, residual_tile
+from instructions.qkv import qkv_tile
+from instructions.reduce import reduce_tile
+from scheduler.ops import Op
+
+OP_EMBED: tl.constexpr = tl.constexpr(int(Op.EMBED))
+OP_QKV: tl.constexpr = tl.constexpr(int(Op.QKV))
+OP_ATTN: tl.constexpr = tl.constexpr(int(Op.ATTN))
+OP_REDUCE: tl.constexpr = tl.constexpr(int(Op.REDUCE))
+OP_OPROJ: tl.constexpr = tl.constexpr(int(Op.OPROJ))
+OP_GATEUP: tl.constexpr = tl.constexpr(int(Op.GATEUP))
+OP_DOWN: tl.constexpr = tl.constexpr(int(Op.DOWN))
+OP_LMHEAD: tl.constexpr = tl.constexpr(int(Op.LMHEAD))
+OP_ARGMAX: tl.constexpr = tl.constexpr(int(Op.ARGMAX))
+OP_BARRIER: tl.constexpr = tl.constexpr(int(Op.BARRIER))
+
+
+@triton.jit
+def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_ptr,
+               tokens_ptr, lengths_ptr, x_ptr, qkv_ptr, opart_ptr, ml_ptr, attn_ptr, act_ptr, logits_ptr,
+               amax_v_ptr, amax_i_ptr, inv_freq_ptr,
+               embed_ptr, lm_ptr, fnorm_ptr, innorm_ptr, postnorm_ptr, qn_ptr, kn_ptr,
+               wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, kc_ptr, vc_ptr, eps, max_len,
+               B: tl.constexpr, H: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+               I: tl.constexpr, V: tl.constexpr, L: tl.constexpr, S: tl.constexpr,
+               R_QKV: tl.constexpr, R_O: tl.constexpr, R_GU: tl.constexpr, R_DOWN: tl.constexpr,
+               R_LM: tl.constexpr, BK_H: tl.constexpr, BK_Q: tl.constexpr, BK_I: tl.constexpr,
+               NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
+               NSPLIT_PAD: tl.constexpr, BH: tl.constexpr, NT_LM: tl.constexpr,
+               SPIN: tl.constexpr, TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    n = tl.load(tape_len_ptr + pid)
+    epoch = tl.load(epoch_ptr + pid)
+    QKV_N: tl.constexpr = (HQ + 2 * HKV) * D
+    i = 0
+    failed = tl.atomic_add(err_ptr, 0, sem="relaxed", scope="gpu")
+    while (i < n) & (failed == 0):
+        ins = tape_ptr + (pid * max_len + i) * 8
+        op = tl.load(ins)
+        layer = tl.load(ins + 1)
+        t0 = tl.load(ins + 2)
+        t1 = tl.load(ins + 3)
+        wc = tl.load(ins + 4)
+        target = tl.load(ins + 5) * (epoch + 1)
+        sc = tl.load(ins + 6)
+        cnt = counters_ptr + wc
+        if TRACE:
+            tl.store(trace_ptr + (pid * max_len + i) * 2, tl.extra.cuda.globaltimer())
+        seen = target
+        if op == OP_QKV:
+            seen = qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, cnt, target,
+                            B, H, QKV_N, R_QKV, BK_H, True, SPIN)
+        elif op == OP_ATTN:
+            seen = attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, kc_ptr, vc_ptr,
+                             opart_ptr, ml_ptr, eps, cnt, target, B, D, HQ, HKV, S, NSPLIT, BLOCK_S, D_PAD,
+                             G_PAD, True, SPIN)
+        elif op == OP_REDUCE:
+            seen = reduce_tile(t0, t1, opart_ptr, ml_ptr, attn_ptr, cnt, target, D, HQ, HKV, NSPLIT, D_PAD,
+                               G_PAD, NSPLIT_PAD, True, SPIN)
+        elif op == OP_OPROJ:
+            seen = residual_tile(t0, t1, layer, attn_ptr, wo_ptr, x_ptr, cnt, target, B, H, HQ * D, R_O,
+                                 BK_Q, True, SPIN)
+        elif op == OP_GATEUP:
+            seen = gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt, target,
+                               B, H, I, R_GU, BK_H, True, SPIN)
+        elif op == OP_DOWN:
+            seen = residual_tile(t0, t1, layer, act_ptr, wdown_ptr, x_ptr, cnt, target, B, H, I, R_DOWN,
+                                 BK_I, True, SPIN)
+        elif op == OP_LMHEAD:
+            seen = lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, eps,
+                               cnt, target, B, H, V, R_LM, BK_H, NT_LM, True, SPIN)
+        elif op == OP_ARGMAX:
+            seen = argmax_tile(t0, t1, amax_v_ptr, amax_i_ptr, tokens_ptr, lengths_ptr, cnt, target, NT_LM,
+                               1024, True, SPIN)
+        elif op == OP_EMBED:
+            embed_tile(t0, t1, tokens_ptr, embed_ptr, x_ptr, H, BK_H)
+        elif op == OP_BARRIER:
+            # superkernel: arrive, then wait for every worker (a grid-wide barrier)
+            tl.debug_barrier()
+            tl.atomic_add(cnt, 1, sem="release", scope="gpu")
+            seen = wait_counter(cnt, target, SPIN)
+        tl.debug_barrier()    # every thread's stores issued before the release below
+        if sc >= 0:
+            tl.atomic_add(counters_ptr + sc, 1, sem="release", scope="gpu")
+        if seen < target:
+            # timed out: record the first failure, then stop (others stop at their next instruction)
+            if tl.atomic_cas(err_ptr, 0, 1, sem="acq_rel", scope="gpu") == 0:
+                tl.store(err_ptr + 1, pid)
+                tl.store(err_ptr + 2, i)
+                tl.store(err_ptr + 3, wc)
+                tl.store(err_ptr + 4, target)
+                tl.store(err_ptr + 5, seen)
+            failed = 1
+        else:
+            failed = tl.atomic_add(err_ptr, 0, sem="relaxed", scope="gpu")
+        if TRACE:
+            tl.store(trace_ptr + (pid * max_len + i) * 2 + 1, tl.extra.cuda.globaltimer())
+        i += 1
+    tl.store(epoch_ptr + pid, epoch + 1)
+

@@ -1,0 +1,213 @@
+"""The decode step as a graph of tile instructions, assigned to workers as a tape.
+
+A step is a list of *stages* in dependency order (embed; per layer QKV, attention, reduce, O
+projection, gate/up, down; LM head; argmax). Each stage's tiles are cut into instructions of
+contiguous tiles, at most about one per worker, never crossing a *segment* (tiles that raise the
+same counter). A consumer waits on the counter of the producer segment it needs, for as many
+signals as that segment has instructions: the attention of kv head g waits only for the QKV tiles
+of that head's rows, everything else for the whole previous stage.
+
+Two tape modes share the kernel: ``megakernel`` (waits on producer counters, so a worker loads
+its next weights while producers finish) and ``superkernel`` (no per-instruction waits; a
+BARRIER instruction on every worker between stages, the shape of a grid-wide barrier).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .ops import Instr, Op, Plan, cost
+
+
+@dataclass
+class Segment:
+    tile_start: int
+    tile_end: int
+    key: tuple            # (op, layer, group): which counter its instructions raise
+
+
+@dataclass
+class Stage:
+    op: Op
+    layer: int
+    segments: list[Segment]
+    waits_on: list[tuple] = field(default_factory=list)   # one key per segment (or one for all)
+
+    @property
+    def ntiles(self) -> int:
+        return sum(s.tile_end - s.tile_start for s in self.segments)
+
+
+def qkv_group(plan: Plan, tile: int) -> int:
+    """The kv head whose rows tile ``tile`` of the fused QKV projection computes."""
+    row, G, D = tile * plan.R_QKV, plan.HQ // plan.HKV, plan.D
+    q, kv = plan.HQ * D, plan.HKV * D
+    if row < q:
+        return row // (G * D)
+    if row < q + kv:
+        return (row - q) // D
+    return (row - q - kv) // D
+
+
+def build_stages(plan: Plan) -> list[Stage]:
+    p = plan
+    stages: list[Stage] = [Stage(Op.EMBED, 0, [Segment(0, p.B, (Op.EMBED, 0, 0))])]
+    prev = (Op.EMBED, 0, 0)
+    for l in range(p.L):
+        # QKV: segments of consecutive tiles in the same kv group
+        segs: list[Segment] = []
+        for t in range(p.tiles(Op.QKV)):
+            g = qkv_group(p, t)
+            if segs and segs[-1].key == (Op.QKV, l, g) and segs[-1].tile_end == t:
+                segs[-1].tile_end = t + 1
+            else:
+                segs.append(Segment(t, t + 1, (Op.QKV, l, g)))
+        stages.append(Stage(Op.QKV, l, segs, [prev]))
+        # attention: tile (b, g, s) = (b * HKV + g) * NSPLIT + s; waits on its group's QKV tiles
+        segs, waits = [], []
+        for b in range(p.B):
+            for g in range(p.HKV):
+                t0 = (b * p.HKV + g) * p.NSPLIT
+                segs.append(Segment(t0, t0 + p.NSPLIT, (Op.ATTN, l, g)))
+                waits.append((Op.QKV, l, g))
+        stages.append(Stage(Op.ATTN, l, segs, waits))
+        segs, waits = [], []
+        for b in range(p.B):
+            for g in range(p.HKV):
+                segs.append(Segment(b * p.HKV + g, b * p.HKV + g + 1, (Op.REDUCE, l, 0)))
+                waits.append((Op.ATTN, l, g))
+        stages.append(Stage(Op.REDUCE, l, segs, waits))
+        for op, dep in ((Op.OPROJ, (Op.REDUCE, l, 0)), (Op.GATEUP, (Op.OPROJ, l, 0)),
+                        (Op.DOWN, (Op.GATEUP, l, 0))):
+            stages.append(Stage(op, l, [Segment(0, p.tiles(op), (op, l, 0))], [dep]))
+        prev = (Op.DOWN, l, 0)
+    stages.append(Stage(Op.LMHEAD, 0, [Segment(0, p.tiles(Op.LMHEAD), (Op.LMHEAD, 0, 0))], [prev]))
+    stages.append(Stage(Op.ARGMAX, 0, [Segment(0, p.B, (Op.ARGMAX, 0, 0))], [(Op.LMHEAD, 0, 0)]))
+    return stages
+
+
+def split_stage(stage: Stage, workers: int) -> list[tuple[int, int, Segment, tuple]]:
+    """Cut a stage into (tile_start, tile_end, segment, waits_on) pieces of about
+    ntiles / workers tiles each, never crossing a segment boundary."""
+    chunk = max(1, -(-stage.ntiles // workers))
+    pieces = []
+    for i, seg in enumerate(stage.segments):
+        dep = stage.waits_on[i] if len(stage.waits_on) == len(stage.segments) else stage.waits_on[0] \
+            if stage.waits_on else None
+        n = seg.tile_end - seg.tile_start
+        parts = -(-n // chunk)
+        for k in range(parts):
+            a = seg.tile_start + k * n // parts
+            b = seg.tile_start + (k + 1) * n // parts
+            pieces.append((a, b, seg, dep))
+    return pieces
+
+
+@dataclass
+class Tape:
+    plan: Plan
+    workers: list[list[Instr]]
+    num_counters: int
+    counter_names: dict[int, str]
+    mode: str
+    strategy: str
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers)
+
+    def instructions(self):
+        for w, lst in enumerate(self.workers):
+            for i, ins in enumerate(lst):
+                yield w, i, ins
+
+    def worker_cost(self, w: int) -> int:
+        return sum(cost(self.plan, Op(i.op), i.ntiles) for i in self.workers[w])
+
+
+STRATEGIES = ("round-robin", "balanced")
+MODES = ("megakernel", "superkernel")
+
+
+def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str = "megakernel") -> Tape:
+    """Assign every tile of a decode step to ``workers`` workers.
+
+    round-robin: instruction j of a stage goes to worker (first + j) mod W, where ``first``
+    continues from the previous stage, so short stages do not always land on worker 0.
+    balanced: list scheduling; each instruction (largest first within a stage) goes to the worker
+    with the least bytes assigned so far. Both keep every worker's list in stage order, which
+    with co-resident workers rules out deadlock (a wait only names earlier stages)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}: {', '.join(STRATEGIES)}")
+    if mode not in MODES:
+        raise ValueError(f"unknown tape mode {mode!r}: {', '.join(MODES)}")
+    if workers < 1:
+        raise ValueError("workers must be at least 1")
+    stages = build_stages(plan)
+    counters: dict[tuple, int] = {}
+    names: dict[int, str] = {0: "never raised"}
+
+    def counter(key) -> int:
+        if key not in counters:
+            counters[key] = len(counters) + 1
+            op, layer, group = key
+            names[counters[key]] = f"{Op(op).name} layer {layer} group {group}" if op != Op.BARRIER \
+                else f"BARRIER {layer}"
+        return counters[key]
+
+    pieces_per_stage = [split_stage(s, workers) for s in stages]
+    signals: dict[tuple, int] = {}
+    for pieces in pieces_per_stage:
+        for a, b, seg, dep in pieces:
+            signals[seg.key] = signals.get(seg.key, 0) + 1
+    lists: list[list[Instr]] = [[] for _ in range(workers)]
+    load = [0] * workers
+    rr = 0
+    for k, (stage, pieces) in enumerate(zip(stages, pieces_per_stage)):
+        instrs = []
+        for a, b, seg, dep in pieces:
+            if mode == "megakernel":
+                wc, wn = (counter(dep), signals[dep]) if dep is not None else (0, 0)
+                sc = counter(seg.key)
+            else:
+                wc, wn, sc = 0, 0, -1
+            instrs.append(Instr(int(stage.op), stage.layer, a, b, wc, wn, sc))
+        if strategy == "round-robin":
+            for j, ins in enumerate(instrs):
+                lists[(rr + j) % workers].append(ins)
+            rr = (rr + len(instrs)) % workers
+        else:
+            order = sorted(instrs, key=lambda i: -cost(plan, Op(i.op), i.ntiles))
+            for ins in order:
+                w = min(range(workers), key=lambda v: (load[v], v))
+                lists[w].append(ins)
+                load[w] += cost(plan, Op(ins.op), ins.ntiles) + 1
+        if mode == "superkernel" and k < len(stages) - 1:
+            bar = counter((Op.BARRIER, k, 0))
+            for lst in lists:
+                lst.append(Instr(int(Op.BARRIER), k, 0, 0, bar, workers, bar))
+    # within a stage the balanced strategy reorders; restore each worker's stage order
+    if strategy == "balanced":
+        rank = {(s.op, s.layer): i for i, s in enumerate(stages)}
+        for lst in lists:
+            lst.sort(key=lambda i: (rank.get((Op(i.op), i.layer), -1) if i.op != Op.BARRIER else
+                                    i.layer + 0.5, i.tile_start))
+    return Tape(plan, lists, len(counters) + 1, names, mode, strategy)
+
+
+def encode(tape: Tape):
+    """int32 tensors: tape [workers, max_len, WORDS] padded with NOOP, and lengths [workers]."""
+    import torch
+
+    from .ops import WORDS
+    n = max(1, max(len(l) for l in tape.workers))
+    out = torch.zeros(tape.num_workers, n, WORDS, dtype=torch.int32)
+    for w, lst in enumerate(tape.workers):
+        if lst:
+            out[w, :len(lst)] = torch.tensor([i.encode() for i in lst], dtype=torch.int32)
+    lengths = torch.tensor([len(l) for l in tape.workers], dtype=torch.int32)
+    return out, lengths
+
+
+def decode(words, lengths) -> list[list[Instr]]:
+    return [[Instr.decode(words[w, i].tolist()) for i in range(int(lengths[w]))] for w in range(words.shape[0])]

@@ -1,0 +1,184 @@
+"""The instruction set as plain data: opcodes, the tile plan, and what one instruction costs.
+
+An instruction is eight int32 words::
+
+    op, layer, tile_start, tile_end, wait_counter, wait_per_step, signal_counter, pad
+
+It runs tiles ``[tile_start, tile_end)`` of op ``op`` in layer ``layer``. Before reading its input
+it waits until ``counters[wait_counter] >= wait_per_step * (step + 1)`` (counters only grow, so no
+reset is needed between steps; counter 0 is never raised and ``wait_per_step`` 0 means "no
+wait"); after its last store it adds 1 to ``counters[signal_counter]`` (-1: signals nothing).
+
+This module is the scheduler's view of the instruction kinds and imports no Triton; the kernels
+of each kind live in ``instructions/<kind>.py`` (DESIGN.md keeps the two apart so that the
+scheduler is testable in milliseconds).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+
+WORDS = 8
+
+
+class Op(enum.IntEnum):
+    NOOP = 0
+    EMBED = 1      # x[b] = embed[token[b]]                                   tile: one sequence
+    QKV = 2        # qkv[b] = Wqkv rmsnorm(x[b])                               tile: R_QKV rows
+    ATTN = 3       # q/k norm, RoPE, KV append, split-KV partial attention     tile: (b, kv head, split)
+    REDUCE = 4     # combine the splits                                        tile: (b, kv head)
+    OPROJ = 5      # x[b] += Wo attn[b]                                        tile: R_O rows
+    GATEUP = 6     # act[b] = silu(Wg h) * (Wu h), h = rmsnorm(x[b])           tile: R_GU rows of each
+    DOWN = 7       # x[b] += Wd act[b]                                         tile: R_DOWN rows
+    LMHEAD = 8     # logits[b] = Wlm rmsnorm(x[b]); per-tile max and argmax   tile: R_LM rows
+    ARGMAX = 9     # token[b] = argmax over tiles; length[b] += 1              tile: one sequence
+    BARRIER = 10   # superkernel: signal, then wait for every worker           (no tiles)
+
+
+@dataclass(frozen=True)
+class Instr:
+    op: int
+    layer: int = 0
+    tile_start: int = 0
+    tile_end: int = 0
+    wait_counter: int = 0
+    wait_per_step: int = 0
+    signal_counter: int = -1
+
+    def encode(self) -> list[int]:
+        return [self.op, self.layer, self.tile_start, self.tile_end, self.wait_counter,
+                self.wait_per_step, self.signal_counter, 0]
+
+    @staticmethod
+    def decode(words) -> "Instr":
+        w = [int(v) for v in words]
+        return Instr(*w[:7])
+
+    @property
+    def ntiles(self) -> int:
+        return self.tile_end - self.tile_start
+
+    def describe(self) -> str:
+        name = Op(self.op).name
+        if self.op in (Op.NOOP, Op.BARRIER):
+            return f"{name}"
+        return f"{name} layer {self.layer} tiles {self.tile_start}..{self.tile_end - 1}"
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << (max(1, n) - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Tile sizes and buffer shapes for one (model, batch, max_seq_len, workers). Every field is a
+    compile-time constant of the kernels."""
+    B: int          # batch
+    H: int          # hidden
+    D: int          # head_dim
+    HQ: int         # query heads
+    HKV: int        # kv heads
+    I: int          # intermediate
+    V: int          # vocab
+    L: int          # layers
+    S: int          # max_seq_len
+    R_QKV: int      # rows per tile of each GEMV
+    R_O: int
+    R_GU: int
+    R_DOWN: int
+    R_LM: int
+    BK_H: int       # K-chunk for GEMVs whose input is hidden-sized
+    BK_Q: int       # ... q_size (O projection)
+    BK_I: int       # ... intermediate (down projection)
+    NSPLIT: int     # KV splits per (sequence, kv head)
+    BLOCK_S: int    # positions per attention block
+    D_PAD: int
+    G_PAD: int
+    NSPLIT_PAD: int
+    BH: int         # hidden padded to a power of two (embedding, norms)
+
+    @property
+    def QKV_ROWS(self) -> int:
+        return (self.HQ + 2 * self.HKV) * self.D
+
+    def tiles(self, op: Op) -> int:
+        cdiv = lambda a, b: -(-a // b)  # noqa: E731
+        return {
+            Op.EMBED: self.B,
+            Op.QKV: cdiv(self.QKV_ROWS, self.R_QKV),
+            Op.ATTN: self.B * self.HKV * self.NSPLIT,
+            Op.REDUCE: self.B * self.HKV,
+            Op.OPROJ: cdiv(self.H, self.R_O),
+            Op.GATEUP: cdiv(self.I, self.R_GU),
+            Op.DOWN: cdiv(self.H, self.R_DOWN),
+            Op.LMHEAD: cdiv(self.V, self.R_LM),
+            Op.ARGMAX: self.B,
+        }[op]
+
+    def constexprs(self) -> dict:
+        return asdict(self)
+
+
+# Rows of weights one tile holds in registers: about this many elements per K-chunk.
+TILE_ELEMS = 16384
+MAX_BK = 1024
+
+
+def _block_k(K: int) -> int:
+    return min(next_pow2(K), MAX_BK)
+
+
+def _rows(N: int, K: int, workers: int, cap: int = 64) -> int:
+    """Largest power-of-two row count that keeps a tile's chunk in registers and still gives every
+    worker at least one tile (the issue's rule: a GEMV has at least as many tiles as workers)."""
+    by_regs = max(1, TILE_ELEMS // _block_k(K))
+    by_workers = max(1, N // max(1, workers))
+    return max(1, min(cap, _pow2_floor(by_regs), _pow2_floor(by_workers)))
+
+
+def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
+              lm_rows: int | None = None) -> Plan:
+    H, D, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    G = cfg.group_size
+    qkv_rows = cfg.qkv_size
+    if nsplit is None:
+        # enough attention tiles for every worker at long context; short contexts leave most
+        # splits empty (they cost one early exit)
+        nsplit = next_pow2(max(1, -(-workers // (batch_size * cfg.num_key_value_heads))))
+        nsplit = max(1, min(nsplit, next_pow2(-(-max_seq_len // 16))))
+    g_pad, d_pad = next_pow2(G), next_pow2(D)
+    block_s = max(16, min(64, _pow2_floor(8192 // (g_pad * d_pad))))
+    return Plan(
+        B=batch_size, H=H, D=D, HQ=cfg.num_attention_heads, HKV=cfg.num_key_value_heads, I=I,
+        V=cfg.vocab_size, L=cfg.num_hidden_layers, S=max_seq_len,
+        R_QKV=min(_rows(qkv_rows, H, workers), D & -D), R_O=_rows(H, cfg.q_size, workers),
+        R_GU=max(1, _rows(I, H, workers) // 2), R_DOWN=_rows(H, I, workers),
+        R_LM=lm_rows or _rows(cfg.vocab_size, H, workers, cap=16),
+        BK_H=_block_k(H), BK_Q=_block_k(cfg.q_size), BK_I=_block_k(I),
+        NSPLIT=nsplit, BLOCK_S=block_s, D_PAD=d_pad, G_PAD=g_pad, NSPLIT_PAD=next_pow2(nsplit),
+        BH=next_pow2(H))
+
+
+def cost(plan: Plan, op: Op, ntiles: int, itemsize: int = 2) -> int:
+    """Bytes an instruction of ``ntiles`` tiles reads from memory (weights dominate at batch 1;
+    attention counts the KV cache at full length)."""
+    p = plan
+    per_tile = {
+        Op.EMBED: p.H * itemsize,
+        Op.QKV: p.R_QKV * p.H * itemsize,
+        Op.ATTN: 2 * -(-p.S // p.NSPLIT) * p.D * itemsize,
+        Op.REDUCE: p.NSPLIT * (p.HQ // p.HKV) * (p.D + 2) * 4,
+        Op.OPROJ: p.R_O * p.HQ * p.D * itemsize,
+        Op.GATEUP: 2 * p.R_GU * p.H * itemsize,
+        Op.DOWN: p.R_DOWN * p.I * itemsize,
+        Op.LMHEAD: p.R_LM * p.H * itemsize,
+        Op.ARGMAX: 8 * p.tiles(Op.LMHEAD),
+        Op.BARRIER: 0,
+        Op.NOOP: 0,
+    }[Op(op)]
+    return per_tile * ntiles
