@@ -1,0 +1,67 @@
+"""One GPU round: every kernel backend on 0.6b random bf16 weights; tokens compared, steps timed.
+
+    python3 bench/gpu_smoke.py [--steps 64] [--prompt-len 128]
+"""
+import argparse
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from megakernel import MegaQwen3, load_model  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--steps", type=int, default=64)
+ap.add_argument("--prompt-len", type=int, default=128)
+ap.add_argument("--backends", default="per-op,megakernel,superkernel,cuda-graph,reference")
+ap.add_argument("--model", default="0.6b")
+args = ap.parse_args()
+print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), flush=True)
+t = time.time()
+model = load_model(args.model, random_weights=True, device="cuda", dtype=torch.bfloat16, progress=False)
+print(f"load {time.time() - t:.1f}s", flush=True)
+g = torch.Generator().manual_seed(int(time.time()))
+prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_len), generator=g)
+res = {}
+for be in args.backends.split(","):
+    try:
+        t = time.time()
+        mk = MegaQwen3(model, max_seq_len=1024, batch_size=1, backend=be)
+        mk.prefill(prompt)
+        mk.step(); torch.cuda.synchronize()
+        print(f"{be}: first step incl. compile {time.time() - t:.1f}s", flush=True)
+        toks = mk.generate(prompt, max_new_tokens=args.steps)
+        torch.cuda.synchronize()
+        # timing: steps between events
+        mk.prefill(prompt)
+        times = []
+        for _ in range(args.steps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(); mk.step(); b.record()
+            times.append((a, b))
+        torch.cuda.synchronize()
+        if hasattr(mk.backend, "synchronize"):
+            mk.backend.synchronize()
+        ms = sorted(a.elapsed_time(b) for a, b in times)
+        res[be] = toks
+        print(f"{be}: median {ms[len(ms)//2]:.3f} ms/token p10 {ms[len(ms)//10]:.3f} p90 {ms[9*len(ms)//10]:.3f}",
+              flush=True)
+        if be in ("megakernel", "superkernel"):
+            k = mk.backend
+            print(f"  workers {k.tape.num_workers} plan {k.plan}", flush=True)
+            for key, kern in list(k.kernel.device_caches[0][0].items())[:1]:
+                print(f"  regs {kern.n_regs} spills {kern.n_spills} shared {kern.metadata.shared}", flush=True)
+    except Exception:
+        traceback.print_exc()
+        sys.stdout.flush()
+base = res.get("per-op")
+for be, tk in res.items():
+    if base is not None:
+        same = (tk == base).float().mean().item()
+        first = (tk != base).nonzero()
+        print(f"{be}: tokens equal to per-op: {same:.3f} first diff {first[0].tolist() if len(first) else None}")
