@@ -108,9 +108,9 @@ class PersistentBackend:
         self.err = torch.zeros(8, dtype=torch.int32, device=dev)
         self.trace_buf = torch.zeros(workers * words.shape[1] * 2 if trace else 1, dtype=torch.int64, device=dev)
         self.st = StepState.allocate(mk, self.plan, num_warps)
-        # polls before a wait gives up: about a second on a GPU; on the interpreter every legal
+        # polls before a wait gives up: well under a second on a GPU (a legal wait is microseconds); on the interpreter every legal
         # wait is already satisfied (one worker, topological order), so a few polls suffice
-        self.spin = spin if spin is not None else (1 << 21 if dev.type == "cuda" else 4)
+        self.spin = spin if spin is not None else (1 << 19 if dev.type == "cuda" else 4)
         self.num_warps = num_warps
         self.steps = 0
         self._pending = None

@@ -102,7 +102,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
             tl.atomic_add(cnt, 1, sem="release", scope="gpu")
             seen = wait_counter(cnt, target, SPIN)
         tl.debug_barrier()    # every thread's stores issued before the release below
-        if sc >= 0:
+        if (sc >= 0) & (op != OP_BARRIER):    # a barrier has already arrived on its counter
             tl.atomic_add(counters_ptr + sc, 1, sem="release", scope="gpu")
         if seen < target:
             # timed out: record the first failure, then stop (others stop at their next instruction)
