@@ -31,7 +31,9 @@ res = {}
 for be in args.backends.split(","):
     try:
         t = time.time()
-        mk = MegaQwen3(model, max_seq_len=1024, batch_size=1, backend=be)
+        name, _, nw = be.partition(":")
+        opts = {"num_warps": int(nw)} if nw else {}
+        mk = MegaQwen3(model, max_seq_len=1024, batch_size=1, backend=name, **opts)
         mk.prefill(prompt)
         mk.step(); torch.cuda.synchronize()
         print(f"{be}: first step incl. compile {time.time() - t:.1f}s", flush=True)
@@ -51,7 +53,7 @@ for be in args.backends.split(","):
         res[be] = toks
         print(f"{be}: median {ms[len(ms)//2]:.3f} ms/token p10 {ms[len(ms)//10]:.3f} p90 {ms[9*len(ms)//10]:.3f}",
               flush=True)
-        if be in ("megakernel", "superkernel"):
+        if name in ("megakernel", "superkernel"):
             k = mk.backend
             print(f"  workers {k.tape.num_workers} plan {k.plan}", flush=True)
             for key, kern in list(k.kernel.device_caches[0][0].items())[:1]:
@@ -59,7 +61,7 @@ for be in args.backends.split(","):
     except Exception:
         traceback.print_exc()
         sys.stdout.flush()
-base = res.get("per-op")
+base = res.get("per-op", res.get("megakernel"))
 for be, tk in res.items():
     if base is not None:
         same = (tk == base).float().mean().item()

@@ -24,7 +24,7 @@ def residual_tile(t0, t1, layer, in_ptr, w_base, x_ptr, cnt_ptr, target,
                   B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
                   WAIT: tl.constexpr, SPIN: tl.constexpr):
     """x[b, rows] += W[layer, rows] @ in[b] (OPROJ with in = attn, DOWN with in = act)."""
-    w_ptr = w_base + layer.to(tl.int64) * (N * K)
+    w_ptr = w_base + tl.cast(layer, tl.int64) * (N * K)
     row_end = tl.minimum(t1 * R, N)
     w0 = load_w(w_ptr, t0 * R, row_end, K, 0, R, BK)
     seen = target
@@ -45,7 +45,7 @@ def residual_tile(t0, t1, layer, in_ptr, w_base, x_ptr, cnt_ptr, target,
 def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                 B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
                 WAIT: tl.constexpr, SPIN: tl.constexpr):
-    g_ptr = wgu_ptr + layer.to(tl.int64) * (2 * I * H)
+    g_ptr = wgu_ptr + tl.cast(layer, tl.int64) * (2 * I * H)
     u_ptr = g_ptr + I * H
     nw_ptr = postnorm_ptr + layer * H
     row_end = tl.minimum(t1 * R, I)

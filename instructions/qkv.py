@@ -19,7 +19,7 @@ from .common import dot_rows, load_w, rms_rstd, wait_counter
 def qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, cnt_ptr, target,
              B: tl.constexpr, H: tl.constexpr, N: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
              WAIT: tl.constexpr, SPIN: tl.constexpr):
-    w_ptr = wqkv_ptr + layer.to(tl.int64) * (N * H)
+    w_ptr = wqkv_ptr + tl.cast(layer, tl.int64) * (N * H)
     nw_ptr = innorm_ptr + layer * H
     row_end = tl.minimum(t1 * R, N)
     w0 = load_w(w_ptr, t0 * R, row_end, H, 0, R, BK)     # weights first: they never wait
