@@ -47,15 +47,30 @@ def load_w(w_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, BK: tl.co
 
 
 @triton.jit
-def dot_rows(w_ptr, w0, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, rstd,
-             NORM: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
-    """acc[r] = sum_k W[row0 + r, k] * v[k] for r < R, where v = x (float32, read through L2) or,
-    with NORM, v = x * rstd * norm_weight. ``w0`` is the first K-chunk, already loaded."""
+def load_xn(x_ptr, nw_ptr, eps, K: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr):
+    """(the first K-chunk of a float32 input row, RMS-normalised and scaled when NORM, and its
+    1/rms). Computed once per instruction at batch 1 and reused by every tile; where the row fits
+    one chunk the same load serves the statistics and the product."""
     kk = tl.arange(0, BK)
     x = tl.load(x_ptr + kk, mask=kk < K, other=0.0, cache_modifier=".cg")
+    rstd = 1.0
     if NORM:
+        if K <= BK:
+            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / K + eps)
+        else:
+            rstd = rms_rstd(x_ptr, K, eps, BK)
         x = x * rstd * tl.load(nw_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-    acc = tl.sum(w0.to(tl.float32) * x[None, :], axis=1)
+    return x, rstd
+
+
+@triton.jit
+def dot_rows(w_ptr, w0, xn0, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, rstd,
+             NORM: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
+    """acc[r] = sum_k W[row0 + r, k] * v[k] for r < R, where v = x (float32, read through L2) or,
+    with NORM, v = x * rstd * norm_weight. ``w0`` and ``xn0`` are the first K-chunk of the weights
+    and of v, already loaded."""
+    kk = tl.arange(0, BK)
+    acc = tl.sum(w0.to(tl.float32) * xn0[None, :], axis=1)
     for k0 in range(BK, K, BK):
         w = load_w(w_ptr, row0, row_end, K, k0, R, BK)
         x = tl.load(x_ptr + k0 + kk, mask=k0 + kk < K, other=0.0, cache_modifier=".cg")
@@ -63,4 +78,3 @@ def dot_rows(w_ptr, w0, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, rstd,
             x = x * rstd * tl.load(nw_ptr + k0 + kk, mask=k0 + kk < K, other=0.0).to(tl.float32)
         acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
     return acc
-

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from scheduler.ops import Op
 
-from .common import dot_rows, load_w, rms_rstd, wait_counter
+from .common import dot_rows, load_w, load_xn, wait_counter
 
 
 @triton.jit
@@ -30,11 +30,14 @@ def residual_tile(t0, t1, layer, in_ptr, w_base, x_ptr, cnt_ptr, target,
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
+    xn0, rstd = load_xn(in_ptr, in_ptr, 0.0, K, BK, False)
     for t in range(t0, t1):
         w_next = load_w(w_ptr, (t + 1) * R, row_end, K, 0, R, BK)
         rows = t * R + tl.arange(0, R)
         for b in range(B):
-            acc = dot_rows(w_ptr, w0, t * R, row_end, K, in_ptr + b * K, in_ptr, 1.0, False, R, BK)
+            if B > 1:
+                xn0, rstd = load_xn(in_ptr + b * K, in_ptr, 0.0, K, BK, False)
+            acc = dot_rows(w_ptr, w0, xn0, t * R, row_end, K, in_ptr + b * K, in_ptr, rstd, False, R, BK)
             xr = tl.load(x_ptr + b * N + rows, mask=rows < row_end, other=0.0, cache_modifier=".cg")
             tl.store(x_ptr + b * N + rows, xr + acc, mask=rows < row_end)
         w0 = w_next
@@ -54,14 +57,16 @@ def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_p
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
+    xn0, rstd = load_xn(x_ptr, nw_ptr, eps, H, BK, True)
     for t in range(t0, t1):
         g_next = load_w(g_ptr, (t + 1) * R, row_end, H, 0, R, BK)
         u_next = load_w(u_ptr, (t + 1) * R, row_end, H, 0, R, BK)
         rows = t * R + tl.arange(0, R)
         for b in range(B):
-            rstd = rms_rstd(x_ptr + b * H, H, eps, BK)
-            gate = dot_rows(g_ptr, g0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R, BK)
-            up = dot_rows(u_ptr, u0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R, BK)
+            if B > 1:
+                xn0, rstd = load_xn(x_ptr + b * H, nw_ptr, eps, H, BK, True)
+            gate = dot_rows(g_ptr, g0, xn0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R, BK)
+            up = dot_rows(u_ptr, u0, xn0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R, BK)
             act = gate / (1.0 + tl.exp(-gate)) * up
             tl.store(act_ptr + b * I + rows, act, mask=rows < row_end)
         g0 = g_next
@@ -78,12 +83,14 @@ def lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
+    xn0, rstd = load_xn(x_ptr, fnorm_ptr, eps, H, BK, True)
     for t in range(t0, t1):
         w_next = load_w(lm_ptr, (t + 1) * R, row_end, H, 0, R, BK)
         rows = t * R + tl.arange(0, R)
         for b in range(B):
-            rstd = rms_rstd(x_ptr + b * H, H, eps, BK)
-            acc = dot_rows(lm_ptr, w0, t * R, row_end, H, x_ptr + b * H, fnorm_ptr, rstd, True, R, BK)
+            if B > 1:
+                xn0, rstd = load_xn(x_ptr + b * H, fnorm_ptr, eps, H, BK, True)
+            acc = dot_rows(lm_ptr, w0, xn0, t * R, row_end, H, x_ptr + b * H, fnorm_ptr, rstd, True, R, BK)
             tl.store(logits_ptr + b * V + rows, acc, mask=rows < row_end)
             acc = tl.where(rows < row_end, acc, float("-inf"))
             best = tl.max(acc, axis=0)

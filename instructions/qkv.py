@@ -12,7 +12,7 @@ import triton.language as tl
 
 from scheduler.ops import Op
 
-from .common import dot_rows, load_w, rms_rstd, wait_counter
+from .common import dot_rows, load_w, load_xn, wait_counter
 
 
 @triton.jit
@@ -26,12 +26,14 @@ def qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, cnt_ptr, 
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
+    xn0, rstd = load_xn(x_ptr, nw_ptr, eps, H, BK, True)
     for t in range(t0, t1):
         w_next = load_w(w_ptr, (t + 1) * R, row_end, H, 0, R, BK)
         rows = t * R + tl.arange(0, R)
         for b in range(B):
-            rstd = rms_rstd(x_ptr + b * H, H, eps, BK)
-            acc = dot_rows(w_ptr, w0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R, BK)
+            if B > 1:
+                xn0, rstd = load_xn(x_ptr + b * H, nw_ptr, eps, H, BK, True)
+            acc = dot_rows(w_ptr, w0, xn0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R, BK)
             tl.store(qkv_ptr + b * N + rows, acc, mask=rows < row_end)
         w0 = w_next
     return seen

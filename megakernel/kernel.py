@@ -6,8 +6,8 @@ its input counter, then computes), and after the tile's last store releases: ``t
 so every thread's stores are issued, then one ``atomic_add(sem="release")`` on the signal counter.
 
 Waits are bounded (``SPIN`` polls). A timed-out wait records (worker, tape position, counter,
-expected, seen) in ``err`` (first error wins), and every program stops at its next instruction
-once ``err`` is set, so a broken tape ends the launch in an error rather than a hung GPU.
+expected, seen) in ``err`` (first error wins) and stops; programs waiting on it time out in turn,
+so a broken tape ends the launch in an error rather than a hung GPU.
 
 Counter targets grow with the step (``wait_per_step * (epoch + 1)``); each program keeps its own
 epoch in ``epoch[pid]``, so no counter is reset between steps.
@@ -55,16 +55,21 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
     epoch = tl.load(epoch_ptr + pid)
     QKV_N: tl.constexpr = (HQ + 2 * HKV) * D
     i = 0
-    failed = tl.atomic_add(err_ptr, 0, sem="relaxed", scope="gpu")
+    failed = tl.atomic_add(err_ptr, 0, sem="relaxed", scope="gpu")   # a failed earlier step stays failed
+    ar = tl.arange(0, 8)
+    row = tape_ptr + pid * max_len * 8
+    nxt = tl.load(row + ar)
     while (i < n) & (failed == 0):
-        ins = tape_ptr + (pid * max_len + i) * 8
-        op = tl.load(ins)
-        layer = tl.load(ins + 1)
-        t0 = tl.load(ins + 2)
-        t1 = tl.load(ins + 3)
-        wc = tl.load(ins + 4)
-        target = tl.load(ins + 5) * (epoch + 1)
-        sc = tl.load(ins + 6)
+        cur = nxt
+        # fetch the next instruction now: its load overlaps this one's work
+        nxt = tl.load(row + (i + 1) * 8 + ar, mask=(i + 1) * 8 + ar < max_len * 8, other=0)
+        op = tl.sum(tl.where(ar == 0, cur, 0), axis=0)
+        layer = tl.sum(tl.where(ar == 1, cur, 0), axis=0)
+        t0 = tl.sum(tl.where(ar == 2, cur, 0), axis=0)
+        t1 = tl.sum(tl.where(ar == 3, cur, 0), axis=0)
+        wc = tl.sum(tl.where(ar == 4, cur, 0), axis=0)
+        target = tl.sum(tl.where(ar == 5, cur, 0), axis=0) * (epoch + 1)
+        sc = tl.sum(tl.where(ar == 6, cur, 0), axis=0)
         cnt = counters_ptr + wc
         if TRACE:
             tl.store(trace_ptr + (pid * max_len + i) * 2, tl.extra.cuda.globaltimer())
@@ -113,8 +118,6 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                 tl.store(err_ptr + 4, target)
                 tl.store(err_ptr + 5, seen)
             failed = 1
-        else:
-            failed = tl.atomic_add(err_ptr, 0, sem="relaxed", scope="gpu")
         if TRACE:
             tl.store(trace_ptr + (pid * max_len + i) * 2 + 1, tl.extra.cuda.globaltimer())
         i += 1

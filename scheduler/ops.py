@@ -126,7 +126,7 @@ class Plan:
 
 # Rows of weights one tile holds in registers: about this many elements per K-chunk.
 TILE_ELEMS = 16384
-MAX_BK = 1024
+MAX_BK = 4096
 
 
 def _block_k(K: int) -> int:
