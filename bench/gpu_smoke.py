@@ -31,8 +31,9 @@ res = {}
 for be in args.backends.split(","):
     try:
         t = time.time()
-        name, _, nw = be.partition(":")
-        opts = {"num_warps": int(nw)} if nw else {}
+        name, *kv = be.split(":")
+        keys = {"nw": "num_warps", "wps": "workers_per_sm", "bk": "max_bk"}
+        opts = {keys[k]: int(v) for k, v in (x.split("=") for x in kv)}
         mk = MegaQwen3(model, max_seq_len=1024, batch_size=1, backend=name, **opts)
         mk.prefill(prompt)
         mk.step(); torch.cuda.synchronize()
@@ -56,8 +57,8 @@ for be in args.backends.split(","):
         if name in ("megakernel", "superkernel"):
             k = mk.backend
             print(f"  workers {k.tape.num_workers} plan {k.plan}", flush=True)
-            for key, kern in list(k.kernel.device_caches[0][0].items())[:1]:
-                print(f"  regs {kern.n_regs} spills {kern.n_spills} shared {kern.metadata.shared}", flush=True)
+            kern = list(k.kernel.device_caches[0][0].values())[-1]
+            print(f"  regs {kern.n_regs} spills {kern.n_spills} shared {kern.metadata.shared}", flush=True)
     except Exception:
         traceback.print_exc()
         sys.stdout.flush()

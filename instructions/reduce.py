@@ -40,12 +40,10 @@ def reduce_tile(t0, t1, opart_ptr, ml_ptr, attn_ptr, cnt_ptr, target,
         wgt = tl.exp(m - mx[:, None])                                # [G_PAD, NSPLIT_PAD]
         total = tl.sum(l * wgt, axis=1)
         total = tl.where(total > 0.0, total, 1.0)
-        acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-        for s in range(NSPLIT):
-            o = tl.load(opart_ptr + (head * NSPLIT + s)[:, None] * D + dd[None, :], mask=omask, other=0.0,
-                        cache_modifier=".cg")
-            ws = tl.sum(tl.where(ss[None, :] == s, wgt, 0.0), axis=1)
-            acc += o * ws[:, None]
+        # every split's partial in one load: [G_PAD, NSPLIT_PAD, D_PAD]
+        o = tl.load(opart_ptr + (head[:, None, None] * NSPLIT + ss[None, :, None]) * D + dd[None, None, :],
+                    mask=mlmask[:, :, None] & (dd < D)[None, None, :], other=0.0, cache_modifier=".cg")
+        acc = tl.sum(o * wgt[:, :, None], axis=1)
         out = acc / total[:, None]
         tl.store(attn_ptr + b * (HQ * D) + (g * G + hh)[:, None] * D + dd[None, :], out, mask=omask)
     return seen

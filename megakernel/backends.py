@@ -21,7 +21,7 @@ from instructions import matvec as k_matvec
 from instructions import qkv as k_qkv
 from instructions import reduce as k_reduce
 from scheduler.graph import Tape, build_tape, encode
-from scheduler.ops import Op, Plan, make_plan
+from scheduler.ops import MAX_BK, Op, Plan, make_plan
 
 from . import device as devices
 
@@ -90,16 +90,17 @@ class PersistentBackend:
     """megakernel / superkernel: one launch of the persistent kernel per step."""
 
     def __init__(self, mk, mode: str = "megakernel", num_workers: int | None = None,
-                 strategy: str = "balanced", spin: int | None = None, num_warps: int = 4, trace: bool = False):
+                 strategy: str = "balanced", spin: int | None = None, num_warps: int = 4, trace: bool = False,
+                 workers_per_sm: int = 1, max_bk: int = MAX_BK):
         _check_kernel_device(mk, mode)
         from .kernel import megakernel
         self.kernel = megakernel
         self.mk, self.mode, self.trace = mk, mode, trace
         dev = mk.weights.device
-        workers = num_workers or default_workers(dev)
+        workers = num_workers or default_workers(dev) * (workers_per_sm if dev.type == "cuda" else 1)
         if dev.type == "cpu" and workers != 1:
             raise ValueError("the interpreter runs one program at a time: use num_workers=1 on the CPU")
-        self.plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers)
+        self.plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk)
         self.tape: Tape = build_tape(self.plan, workers, strategy=strategy, mode=mode)
         words, lengths = encode(self.tape)
         self.words, self.lengths = words.to(dev), lengths.to(dev)
@@ -201,14 +202,16 @@ def per_op_launches(st: StepState, plan: Plan):
 class PerOpBackend:
     """Each instruction kind launched as its own kernel over all its tiles."""
 
-    def __init__(self, mk, num_workers: int | None = None, num_warps: int = 4, graph: bool = False, **_):
+    def __init__(self, mk, num_workers: int | None = None, num_warps: int = 4, graph: bool = False,
+                 workers_per_sm: int = 1, max_bk: int = MAX_BK, **_):
         _check_kernel_device(mk, "cuda-graph" if graph else "per-op")
         dev = mk.weights.device
         if graph and dev.type != "cuda":
             raise RuntimeError("backend cuda-graph needs a CUDA GPU")
         self.mk = mk
         # the same tile sizes as the megakernel would use, so the numbers agree bit for bit
-        self.plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, num_workers or default_workers(dev))
+        workers = num_workers or default_workers(dev) * (workers_per_sm if dev.type == "cuda" else 1)
+        self.plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk)
         self.st = StepState.allocate(mk, self.plan, num_warps)
         self.seq = per_op_launches(self.st, self.plan)
         self.graph = None

@@ -129,20 +129,20 @@ TILE_ELEMS = 16384
 MAX_BK = 4096
 
 
-def _block_k(K: int) -> int:
-    return min(next_pow2(K), MAX_BK)
+def _block_k(K: int, max_bk: int = MAX_BK) -> int:
+    return min(next_pow2(K), max_bk)
 
 
-def _rows(N: int, K: int, workers: int, cap: int = 64) -> int:
+def _rows(N: int, K: int, workers: int, cap: int = 64, max_bk: int = MAX_BK) -> int:
     """Largest power-of-two row count that keeps a tile's chunk in registers and still gives every
     worker at least one tile (the issue's rule: a GEMV has at least as many tiles as workers)."""
-    by_regs = max(1, TILE_ELEMS // _block_k(K))
+    by_regs = max(1, TILE_ELEMS // _block_k(K, max_bk))
     by_workers = max(1, N // max(1, workers))
     return max(1, min(cap, _pow2_floor(by_regs), _pow2_floor(by_workers)))
 
 
 def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
-              lm_rows: int | None = None) -> Plan:
+              lm_rows: int | None = None, max_bk: int = MAX_BK) -> Plan:
     H, D, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     G = cfg.group_size
     qkv_rows = cfg.qkv_size
@@ -156,10 +156,11 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
     return Plan(
         B=batch_size, H=H, D=D, HQ=cfg.num_attention_heads, HKV=cfg.num_key_value_heads, I=I,
         V=cfg.vocab_size, L=cfg.num_hidden_layers, S=max_seq_len,
-        R_QKV=min(_rows(qkv_rows, H, workers), D & -D), R_O=_rows(H, cfg.q_size, workers),
-        R_GU=max(1, _rows(I, H, workers) // 2), R_DOWN=_rows(H, I, workers),
-        R_LM=lm_rows or _rows(cfg.vocab_size, H, workers, cap=16),
-        BK_H=_block_k(H), BK_Q=_block_k(cfg.q_size), BK_I=_block_k(I),
+        R_QKV=min(_rows(qkv_rows, H, workers, max_bk=max_bk), D & -D),
+        R_O=_rows(H, cfg.q_size, workers, max_bk=max_bk),
+        R_GU=max(1, _rows(I, H, workers, max_bk=max_bk) // 2), R_DOWN=_rows(H, I, workers, max_bk=max_bk),
+        R_LM=lm_rows or _rows(cfg.vocab_size, H, workers, cap=16, max_bk=max_bk),
+        BK_H=_block_k(H, max_bk), BK_Q=_block_k(cfg.q_size, max_bk), BK_I=_block_k(I, max_bk),
         NSPLIT=nsplit, BLOCK_S=block_s, D_PAD=d_pad, G_PAD=g_pad, NSPLIT_PAD=next_pow2(nsplit),
         BH=next_pow2(H))
 
