@@ -91,48 +91,86 @@ class PersistentBackend:
 
     def __init__(self, mk, mode: str = "megakernel", num_workers: int | None = None,
                  strategy: str = "balanced", spin: int | None = None, num_warps: int = 4, trace: bool = False,
-                 workers_per_sm: int = 1, max_bk: int = MAX_BK):
+                 workers_per_sm: int = 2, max_bk: int = MAX_BK):
         _check_kernel_device(mk, mode)
         from .kernel import megakernel
         self.kernel = megakernel
         self.mk, self.mode, self.trace = mk, mode, trace
         dev = mk.weights.device
-        workers = num_workers or default_workers(dev) * (workers_per_sm if dev.type == "cuda" else 1)
-        if dev.type == "cpu" and workers != 1:
+        if dev.type == "cpu" and num_workers not in (None, 1):
             raise ValueError("the interpreter runs one program at a time: use num_workers=1 on the CPU")
-        self.plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk)
-        self.tape: Tape = build_tape(self.plan, workers, strategy=strategy, mode=mode)
+        # polls before a wait gives up: well under a second on a GPU (a legal wait is microseconds);
+        # on the interpreter every legal wait is already satisfied (one worker, topological
+        # order), so a few polls suffice
+        self.spin = spin if spin is not None else (1 << 19 if dev.type == "cuda" else 4)
+        self.num_warps, self.strategy, self.max_bk = num_warps, strategy, max_bk
+        self.steps = 0
+        self._pending = None
+        self._err_host = torch.zeros(8, dtype=torch.int32, pin_memory=dev.type == "cuda")
+        self.err = torch.zeros(8, dtype=torch.int32, device=dev)
+        if dev.type != "cuda":
+            self._build(1)
+            return
+        sms = default_workers(dev)
+        self._build(num_workers or sms * workers_per_sm)
+        fit = sms * self.resident_per_sm()
+        if self.tape.num_workers > fit:
+            if num_workers:
+                raise RuntimeError(f"{num_workers} workers cannot all be resident at once ({fit} fit on this "
+                                   f"GPU with this kernel's registers and shared memory): a persistent kernel "
+                                   f"would deadlock. Use at most {fit}.")
+            self._build(fit)
+
+    def _build(self, workers: int):
+        mk, dev = self.mk, self.mk.weights.device
+        self.plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=self.max_bk)
+        self.tape: Tape = build_tape(self.plan, workers, strategy=self.strategy, mode=self.mode)
         words, lengths = encode(self.tape)
         self.words, self.lengths = words.to(dev), lengths.to(dev)
         self.counters = torch.zeros(self.tape.num_counters, dtype=torch.int32, device=dev)
         self.epoch = torch.zeros(workers, dtype=torch.int32, device=dev)
-        self.err = torch.zeros(8, dtype=torch.int32, device=dev)
-        self.trace_buf = torch.zeros(workers * words.shape[1] * 2 if trace else 1, dtype=torch.int64, device=dev)
-        self.st = StepState.allocate(mk, self.plan, num_warps)
-        # polls before a wait gives up: well under a second on a GPU (a legal wait is microseconds); on the interpreter every legal
-        # wait is already satisfied (one worker, topological order), so a few polls suffice
-        self.spin = spin if spin is not None else (1 << 19 if dev.type == "cuda" else 4)
-        self.num_warps = num_warps
-        self.steps = 0
-        self._pending = None
-        self._err_host = torch.zeros(8, dtype=torch.int32, pin_memory=dev.type == "cuda")
+        self.trace_buf = torch.zeros(workers * words.shape[1] * 2 if self.trace else 1, dtype=torch.int64,
+                                     device=dev)
+        self.st = StepState.allocate(mk, self.plan, self.num_warps)
+
+    def resident_per_sm(self) -> int:
+        """Programs of the compiled kernel that fit on one SM at once (registers, shared memory,
+        threads): the grid must not exceed SMs times this, or workers would wait on programs that
+        never start."""
+        args, kwargs = self._args()
+        k = self.kernel.warmup(*args, grid=(self.tape.num_workers,), **kwargs)
+        props = torch.cuda.get_device_properties(self.mk.weights.device)
+        threads = 32 * self.num_warps
+        regs = max(1, k.n_regs) * threads
+        by_regs = getattr(props, "regs_per_multiprocessor", 65536) // regs
+        by_threads = getattr(props, "max_threads_per_multi_processor", 2048) // threads
+        smem = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+        by_smem = smem // max(1, k.metadata.shared)
+        self.kernel_info = {"n_regs": k.n_regs, "n_spills": k.n_spills, "shared": k.metadata.shared,
+                            "resident_per_sm": min(by_regs, by_threads, by_smem)}
+        return max(1, min(by_regs, by_threads, by_smem))
 
     def reset_counters(self):
         self.counters.zero_()
         self.epoch.zero_()
 
-    def launch(self):
+    def _args(self):
         p, st = self.plan, self.st
         w = st.w
         kwargs = dict(p.constexprs())
         kwargs.update(NT_LM=p.tiles(Op.LMHEAD), SPIN=self.spin, TRACE=self.trace, num_warps=self.num_warps)
-        self.kernel[(self.tape.num_workers,)](
-            self.words, self.lengths, self.counters, self.epoch, self.err, self.trace_buf,
-            st.tokens, st.lengths, st.x, st.qkv, st.opart, st.ml, st.attn, st.act, st.logits,
-            st.amax_v, st.amax_i, st.inv_freq,
-            w.embed, w.lm_head, w.final_norm, w.input_norm, w.post_norm, w.q_norm, w.k_norm,
-            w.wqkv, w.wo, w.wgate_up, w.wdown, st.k_cache, st.v_cache, st.eps, self.words.shape[1],
-            **kwargs)
+        if st.x.device.type == "cuda":
+            kwargs["launch_cooperative_grid"] = True   # the driver refuses a grid that is not co-resident
+        args = (self.words, self.lengths, self.counters, self.epoch, self.err, self.trace_buf,
+                st.tokens, st.lengths, st.x, st.qkv, st.opart, st.ml, st.attn, st.act, st.logits,
+                st.amax_v, st.amax_i, st.inv_freq,
+                w.embed, w.lm_head, w.final_norm, w.input_norm, w.post_norm, w.q_norm, w.k_norm,
+                w.wqkv, w.wo, w.wgate_up, w.wdown, st.k_cache, st.v_cache, st.eps, self.words.shape[1])
+        return args, kwargs
+
+    def launch(self):
+        args, kwargs = self._args()
+        self.kernel[(self.tape.num_workers,)](*args, **kwargs)
 
     def decode(self):
         # counters are int32: start again from zero well before they could overflow
@@ -203,7 +241,7 @@ class PerOpBackend:
     """Each instruction kind launched as its own kernel over all its tiles."""
 
     def __init__(self, mk, num_workers: int | None = None, num_warps: int = 4, graph: bool = False,
-                 workers_per_sm: int = 1, max_bk: int = MAX_BK, **_):
+                 workers_per_sm: int = 2, max_bk: int = MAX_BK, **_):
         _check_kernel_device(mk, "cuda-graph" if graph else "per-op")
         dev = mk.weights.device
         if graph and dev.type != "cuda":
