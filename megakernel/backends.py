@@ -139,6 +139,7 @@ class PersistentBackend:
         never start."""
         args, kwargs = self._args()
         k = self.kernel.warmup(*args, grid=(self.tape.num_workers,), **kwargs)
+        k._init_handles()     # loads the binary; n_regs and n_spills are read from it
         props = torch.cuda.get_device_properties(self.mk.weights.device)
         threads = 32 * self.num_warps
         regs = max(1, k.n_regs) * threads
