@@ -1,0 +1,72 @@
+"""The ``vm`` backend: a pure-torch interpreter of the instruction tape.
+
+It runs the very tape the persistent kernel would (same plan, same assignment, same counters),
+but each instruction is the torch reference of its kind (``instructions.<kind>.<kind>_ref``) and
+the workers are interleaved on the host: round-robin, each advancing while its next instruction's
+wait is satisfied. A tape that computes the wrong thing or cannot finish therefore fails here, on
+the CPU, with the stuck instructions named, instead of hanging a GPU.
+
+Importing this module imports no Triton: the instruction modules (which define Triton kernels
+next to their references) and the step state are imported when a backend is built.
+"""
+
+from __future__ import annotations
+
+from .graph import Tape, build_tape
+from .ops import Op, make_plan
+from .validate import run_workers, stuck_report, validate
+
+
+class VMError(RuntimeError):
+    """The workers stopped with instructions left: the message names them."""
+
+
+def reference_kernels() -> dict:
+    """Op -> the torch reference of its tiles, ``fn(state, plan, layer, t0, t1)``."""
+    from instructions import argmax, attention, embed, matvec, qkv, reduce
+    return {Op.EMBED: embed.embed_ref, Op.QKV: qkv.qkv_ref, Op.ATTN: attention.attention_ref,
+            Op.REDUCE: reduce.reduce_ref, Op.OPROJ: matvec.oproj_ref, Op.GATEUP: matvec.gateup_ref,
+            Op.DOWN: matvec.down_ref, Op.LMHEAD: matvec.lmhead_ref, Op.ARGMAX: argmax.argmax_ref}
+
+
+class VMBackend:
+    """Decode steps of ``mk`` (a ``MegaQwen3``) by interpreting its tape with torch references."""
+
+    def __init__(self, mk, num_workers: int | None = 1, strategy: str = "balanced", mode: str = "megakernel",
+                 check: bool = True, **_):
+        from megakernel.backends import StepState
+
+        self.mk = mk
+        workers = num_workers or 1
+        self.plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers)
+        self.tape: Tape = build_tape(self.plan, workers, strategy=strategy, mode=mode)
+        if check:
+            validate(self.tape)
+        self.st = StepState.allocate(mk, self.plan)
+        self.kernels = reference_kernels()
+        self.counters: dict[int, int] = {}
+        self.steps = 0
+        self.order: list = []      # the instructions of the last step, in the order they ran
+
+    def decode(self):
+        st, p, kernels = self.st, self.plan, self.kernels
+        order = []
+
+        def execute(ins):
+            order.append(ins)
+            if ins.op not in (Op.NOOP, Op.BARRIER):
+                kernels[Op(ins.op)](st, p, ins.layer, ins.tile_start, ins.tile_end)
+
+        lists = self.tape.workers
+        pos, signalled, _ = run_workers(lists, self.counters, self.steps, execute)
+        self.order = order
+        if any(n < len(lst) for n, lst in zip(pos, lists)):
+            msg = stuck_report(lists, pos, signalled, self.counters, self.steps, self.tape.counter_names)
+            self.counters = {}
+            self.steps = 0
+            raise VMError(f"vm: step stopped with instructions left ({msg}). The step's outputs are "
+                          f"invalid; counters were reset.")
+        self.steps += 1
+
+    def synchronize(self):
+        pass

@@ -1,0 +1,75 @@
+"""``python -m megakernel.tape``: the tape summary from a model's shapes alone, in seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from megakernel.tape import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_cli_0_6b_132_workers_in_a_subprocess():
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "megakernel.tape", "--model", "0.6b", "--workers", "132"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert elapsed < 30, elapsed
+    out = r.stdout
+    assert re.search(r"^dependent steps per layer: 6\.07$", out, re.M), out[-2000:]
+    assert "workers 132" in out and "valid:" in out
+    rows = [line for line in out.splitlines() if re.match(r"^\s*\d+\s+\d+\s+\d+\s+[\d.]+\s+[\d.]+$", line)]
+    assert len(rows) == 132                       # one row per worker
+    for kind in ("EMBED", "QKV", "ATTN", "REDUCE", "OPROJ", "GATEUP", "DOWN", "LMHEAD", "ARGMAX"):
+        assert re.search(rf"^{kind}\s+\d+", out, re.M), kind
+    assert re.search(r"^balance \(max/mean bytes per worker\): 1\.\d+$", out, re.M)
+
+
+@pytest.mark.parametrize("strategy", ["round-robin", "balanced"])
+@pytest.mark.parametrize("mode", ["megakernel", "superkernel"])
+def test_cli_from_a_checkpoint_folder(tmp_path, capsys, strategy, mode):
+    cfg = dict(model_type="qwen3", hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=100)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert main(["--model", str(tmp_path), "--workers", "7", "--strategy", strategy, "--mode", mode,
+                 "--batch-size", "3", "--max-seq-len", "100"]) == 0
+    out = capsys.readouterr().out
+    assert f"mode {mode}  strategy {strategy}  workers 7  batch 3  max_seq_len 100" in out
+    assert "dependent steps: 20 per step over 3 layers" in out        # 6 per layer + embed, LM head, argmax
+    assert "dependent steps per layer: 6.67" in out
+    assert ("BARRIER" in out) == (mode == "superkernel")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--model", "7b"], "unknown model '7b'"),
+    (["--model", "0.6b", "--workers", "0"], "--workers must be at least 1"),
+    (["--model", "0.6b", "--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--model", "0.6b", "--strategy", "random"], "invalid choice"),
+    (["--model", "0.6b", "--mode", "fast"], "invalid choice"),
+    (["--workers", "4"], "--model"),
+    (["--model", "/nonexistent/folder"], "unknown model"),
+])
+def test_cli_errors(capsys, args, fragment):
+    with pytest.raises(SystemExit) as e:
+        code = main(args)
+        raise SystemExit(code)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and fragment in err[0], err
+
+
+def test_cli_bad_config(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{not json")
+    assert main(["--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "not valid JSON" in err[0]

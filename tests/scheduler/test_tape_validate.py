@@ -1,0 +1,338 @@
+"""The tape validator: real tapes pass (many shapes, batch sizes, worker counts, both strategies and
+modes), and hand-broken tapes fail with a message naming the offending instruction."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from models.qwen3.config import PRESETS, Qwen3Config
+from scheduler.graph import MODES, STRATEGIES, Tape, build_stages, build_tape, decode, encode
+from scheduler.ops import Op, make_plan
+from scheduler.validate import TapeError, dependent_steps, validate
+
+REPO = Path(__file__).resolve().parents[2]
+WORKERS = (1, 2, 3, 7, 8, 132)
+
+
+def tiny(hidden=160, inter=352, layers=2, heads=10, kv=2, head_dim=16, vocab=300, tie=False):
+    return Qwen3Config(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                       num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, vocab_size=vocab,
+                       tie_word_embeddings=tie)
+
+
+TINY = {"g5": tiny(), "g1": tiny(heads=4, kv=4, tie=True), "g2": tiny(heads=8, kv=4, head_dim=8, layers=3),
+        "odd": tiny(hidden=72, inter=100, heads=6, kv=3, head_dim=12, vocab=37, layers=1)}
+
+
+def stage_rank(plan):
+    return {(s.op, s.layer): k for k, s in enumerate(build_stages(plan))}
+
+
+def check_invariants(tape: Tape):
+    """What validate() promises, checked independently and more bluntly."""
+    plan = tape.plan
+    # every tile of every stage exactly once
+    seen = defaultdict(list)
+    for _, _, ins in tape.instructions():
+        if ins.op != Op.BARRIER:
+            seen[(Op(ins.op), ins.layer)].extend(range(ins.tile_start, ins.tile_end))
+    for s in build_stages(plan):
+        assert sorted(seen.pop((s.op, s.layer))) == list(range(plan.tiles(s.op)))
+    assert not seen
+    # each worker's list in stage order, so a wait only names an earlier stage
+    rank = stage_rank(plan)
+    for lst in tape.workers:
+        ranks = [rank[(Op(i.op), i.layer)] if i.op != Op.BARRIER else i.layer + 0.5 for i in lst]
+        assert ranks == sorted(ranks)
+    # waits count exactly the raisers of their counter
+    raisers = defaultdict(int)
+    for _, _, ins in tape.instructions():
+        if ins.signal_counter > 0:
+            raisers[ins.signal_counter] += 1
+    for _, _, ins in tape.instructions():
+        if ins.wait_per_step:
+            assert ins.wait_per_step == raisers[ins.wait_counter]
+    if tape.mode == "superkernel":
+        assert all(i.wait_per_step == 0 for _, _, i in tape.instructions() if i.op != Op.BARRIER)
+        bars = [[i for i in lst if i.op == Op.BARRIER] for lst in tape.workers]
+        assert all(b == bars[0] for b in bars) and len(bars[0]) == len(build_stages(plan)) - 1
+    else:
+        assert all(i.op != Op.BARRIER for _, _, i in tape.instructions())
+        # everything but the embedding waits on something
+        assert all(i.wait_per_step > 0 for _, _, i in tape.instructions() if i.op != Op.EMBED)
+    # encode/decode round trip
+    words, lengths = encode(tape)
+    assert words.shape[0] == lengths.shape[0] == tape.num_workers
+    assert decode(words, lengths) == tape.workers
+    # one wait per stage boundary on the longest chain: embed, 6 per layer, LM head, argmax
+    assert dependent_steps(tape) == 6 * plan.L + 2
+    validate(tape)
+    validate(decode(words, lengths), plan, tape.mode, tape.counter_names)
+
+
+# ---------------------------------------------------------------------------------------------
+# valid tapes
+
+
+@pytest.mark.parametrize("name", list(TINY))
+@pytest.mark.parametrize("workers", WORKERS)
+@pytest.mark.parametrize("batch", [1, 2, 3, 4])
+def test_tiny_tapes_validate(name, workers, batch):
+    for k, (strategy, mode) in enumerate((s, m) for s in STRATEGIES for m in MODES):
+        plan = make_plan(TINY[name], batch, [2, 17, 64, 4096][(batch + k) % 4], workers)
+        check_invariants(build_tape(plan, workers, strategy=strategy, mode=mode))
+
+
+@pytest.mark.parametrize("size", list(PRESETS))
+def test_preset_tapes_validate(size):
+    """Published shapes at 132 workers (an H100/H200), one strategy and mode each, and 8 workers."""
+    k = list(PRESETS).index(size)
+    strategy, mode = STRATEGIES[k % 2], MODES[(k // 2) % 2]
+    check_invariants(build_tape(make_plan(PRESETS[size], 1 + k % 4, 4096, 132), 132, strategy, mode))
+    validate(build_tape(make_plan(PRESETS[size], 3, 1024, 8), 8, STRATEGIES[1 - k % 2], MODES[1 - (k // 2) % 2]))
+
+
+@st.composite
+def configs(draw):
+    kv = draw(st.integers(1, 4))
+    head_dim = draw(st.sampled_from([2, 4, 6, 8, 12, 16, 24, 64, 128]))
+    return Qwen3Config(hidden_size=draw(st.integers(8, 320)), intermediate_size=draw(st.integers(8, 700)),
+                       num_hidden_layers=draw(st.integers(1, 3)), num_attention_heads=kv * draw(st.integers(1, 4)),
+                       num_key_value_heads=kv, head_dim=head_dim, vocab_size=draw(st.integers(2, 1000)),
+                       tie_word_embeddings=draw(st.booleans()))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=configs(), batch=st.integers(1, 4), workers=st.sampled_from(WORKERS),
+       seq=st.integers(2, 5000), strategy=st.sampled_from(STRATEGIES), mode=st.sampled_from(MODES))
+def test_random_shapes_validate(cfg, batch, workers, seq, strategy, mode):
+    check_invariants(build_tape(make_plan(cfg, batch, seq, workers), workers, strategy, mode))
+
+
+def test_scheduler_imports_no_triton():
+    code = ("import sys; import scheduler, scheduler.ops, scheduler.graph, scheduler.validate, scheduler.vm; "
+            "bad = [m for m in sys.modules if m == 'triton' or m.startswith(('triton.', 'instructions', "
+            "'megakernel'))]; assert not bad, bad")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# broken tapes
+
+
+@pytest.fixture
+def tape2():
+    """Batch 2 over 2 workers, round-robin: EMBED tile 0 on worker 0, tile 1 on worker 1."""
+    plan = make_plan(TINY["g5"], 2, 64, 2)
+    tape = build_tape(plan, 2, "round-robin", "megakernel")
+    assert [i.op for i in (tape.workers[0][0], tape.workers[1][0])] == [Op.EMBED, Op.EMBED]
+    return tape
+
+
+def lists_of(tape):
+    return [list(lst) for lst in tape.workers]
+
+
+def rejects(lists, tape, *fragments, mode=None):
+    with pytest.raises(TapeError) as e:
+        validate(lists, tape.plan, mode or tape.mode, tape.counter_names)
+    msg = str(e.value)
+    for f in fragments:
+        assert f in msg, msg
+    return msg
+
+
+def first(lists, op, layer=0, worker=None):
+    for w, lst in enumerate(lists):
+        for i, ins in enumerate(lst):
+            if ins.op == op and ins.layer == layer and worker in (None, w):
+                return w, i
+    raise LookupError(op)
+
+
+def test_missing_producer_no_wait(tape2):
+    L = lists_of(tape2)
+    w, i = first(L, Op.QKV, worker=1)
+    L[w][i] = dataclasses.replace(L[w][i], wait_counter=0, wait_per_step=0)
+    rejects(L, tape2, f"worker {w} position {i} ({L[w][i].describe()})", "needs EMBED layer 0", "waits on nothing")
+
+
+def test_missing_producer_unraised_counter(tape2):
+    L = lists_of(tape2)
+    w, i = first(L, Op.OPROJ, layer=1)
+    L[w][i] = dataclasses.replace(L[w][i], wait_counter=tape2.num_counters - 1 + 50)
+    rejects(L, tape2, f"worker {w} position {i} ({L[w][i].describe()})", "no instruction raises")
+
+
+def test_missing_producer_wrong_group(tape2):
+    """ATTN of kv group 0 waiting on group 1's QKV counter: no deadlock, but the wrong producer."""
+    L = lists_of(tape2)
+    w, i = first(L, Op.ATTN)
+    g1 = next(ins for lst in L for ins in lst if ins.op == Op.ATTN and ins.layer == 0
+              and ins.wait_counter != L[w][i].wait_counter)
+    L[w][i] = dataclasses.replace(L[w][i], wait_counter=g1.wait_counter, wait_per_step=g1.wait_per_step)
+    rejects(L, tape2, f"worker {w} position {i} (ATTN layer 0 tiles", "needs QKV layer 0 kv group 0",
+            "a missing producer")
+
+
+def test_missing_signal(tape2):
+    L = lists_of(tape2)
+    L[0][0] = dataclasses.replace(L[0][0], signal_counter=-1)       # EMBED tile 0 signals nothing
+    rejects(L, tape2, "QKV layer 0", "only 1 instruction raises", "never satisfied")
+
+
+def test_extra_signal(tape2):
+    """A counter raised more often than waited for: the next step's wait would pass early."""
+    L = lists_of(tape2)
+    L[1].append(dataclasses.replace(L[1][-1], signal_counter=L[0][0].signal_counter))
+    L[1].pop(-2)
+    rejects(L, tape2, "3 instructions raise", "later step")
+
+
+def test_cycle_across_two_workers():
+    """Worker 1 runs ARGMAX before EMBED; worker 0 runs everything else, starting with QKV, which
+    waits for that EMBED, while ARGMAX waits for worker 0's LM head."""
+    plan = make_plan(TINY["g5"], 1, 64, 1)
+    tape = build_tape(plan, 1, "round-robin")
+    body = tape.workers[0]
+    assert body[0].op == Op.EMBED and body[-1].op == Op.ARGMAX
+    L = [body[1:-1], [body[-1], body[0]]]
+    validate([body[1:], [body[0]]], plan, counter_names=tape.counter_names)     # the order that works
+    msg = rejects(L, tape, "deadlock", "Cycle", f"worker 0 position 0 ({body[1].describe()})",
+                  "counter 1 (EMBED layer 0 group 0)", "raised by worker 1 position 1 (EMBED layer 0 tiles 0..0)",
+                  "worker 1 position 0 (ARGMAX layer 0 tiles 0..0)", "LMHEAD layer 0")
+    assert "behind it on worker 1" in msg and "behind it on worker 0" in msg
+
+
+def test_cycle_within_a_worker(tape2):
+    L = lists_of(tape2)
+    L[0].insert(0, L[0].pop())      # the last instruction first: it waits on its own worker's producers
+    rejects(L, tape2, "deadlock", f"worker 0 position 0 ({L[0][0].describe()})", "later on the same worker")
+
+
+def test_duplicate_tile(tape2):
+    L = lists_of(tape2)
+    w, i = first(L, Op.GATEUP, worker=0)
+    L[1].insert(5, L[w][i])
+    rejects(L, tape2, f"worker 1 position 5 ({L[w][i].describe()}) repeats tiles",
+            f"already scheduled by worker {w} position {i}")
+
+
+def test_overlapping_tiles(tape2):
+    L = lists_of(tape2)
+    w, i = first(L, Op.LMHEAD)
+    ins = L[w][i]
+    L[w][i] = dataclasses.replace(ins, tile_end=ins.tile_end + 1)
+    rejects(L, tape2, "repeats tiles", "LMHEAD layer 0")
+
+
+def test_missing_tile(tape2):
+    L = lists_of(tape2)
+    w, i = first(L, Op.DOWN, layer=1)
+    gone = L[w].pop(i)
+    rejects(L, tape2, f"DOWN layer 1: tiles {gone.tile_start}..{gone.tile_end - 1} are scheduled nowhere")
+
+
+def test_missing_last_tiles(tape2):
+    L = lists_of(tape2)
+    n = tape2.plan.tiles(Op.LMHEAD)
+    w, i = next((w, i) for w, lst in enumerate(L) for i, ins in enumerate(lst)
+                if ins.op == Op.LMHEAD and ins.tile_end == n)
+    L[w][i] = dataclasses.replace(L[w][i], tile_end=n - 1)
+    rejects(L, tape2, f"LMHEAD layer 0: tiles {n - 1}..{n - 1} are scheduled nowhere (last is worker {w} "
+            f"position {i}")
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (dict(op=99), "unknown opcode 99"),
+    (dict(layer=7), "layer 7 does not exist"),
+    (dict(tile_start=3, tile_end=3), "not a non-empty range"),
+    (dict(tile_end=10_000), "not a non-empty range"),
+    (dict(signal_counter=0), "signals counter 0"),
+    (dict(wait_counter=0), "counter 0 is reserved"),
+])
+def test_malformed(tape2, change, fragment):
+    L = lists_of(tape2)
+    w, i = first(L, Op.REDUCE, worker=1)
+    L[w][i] = dataclasses.replace(L[w][i], **change)
+    rejects(L, tape2, f"worker {w} position {i}", fragment)
+
+
+def test_counter_out_of_range(tape2):
+    L = lists_of(tape2)
+    w, i = first(L, Op.REDUCE, worker=1)
+    L[w][i] = dataclasses.replace(L[w][i], signal_counter=tape2.num_counters)
+    with pytest.raises(TapeError, match=f"worker {w} position {i}.*out of range"):
+        validate(dataclasses.replace(tape2, workers=L))
+
+
+@pytest.fixture
+def super2():
+    plan = make_plan(TINY["g2"], 2, 64, 2)
+    return build_tape(plan, 2, "balanced", "superkernel")
+
+
+def test_superkernel_missing_barrier(super2):
+    L = lists_of(super2)
+    w, i = first(L, Op.BARRIER, worker=1)
+    L[1].pop(i)
+    rejects(L, super2, "worker 0 position", "(BARRIER)", "every worker must reach each barrier")
+
+
+def test_superkernel_barriers_out_of_order(super2):
+    L = lists_of(super2)
+    a, b = [i for i, ins in enumerate(L[1]) if ins.op == Op.BARRIER][:2]
+    L[1][a], L[1][b] = L[1][b], L[1][a]
+    rejects(L, super2, "deadlock", "(BARRIER)")
+
+
+def test_superkernel_consumer_before_barrier(super2):
+    L = lists_of(super2)
+    w, i = first(L, Op.QKV, worker=1)
+    L[1].insert(0, L[1].pop(i))      # QKV ahead of the barrier after EMBED
+    rejects(L, super2, f"worker 1 position 0 ({L[1][0].describe()}) needs EMBED layer 0",
+            "is not before a barrier")
+
+
+def test_superkernel_swapped_stages(super2):
+    """A consumer and its producer swapped on one worker, both within one barrier interval."""
+    L = lists_of(super2)
+    w, i = first(L, Op.OPROJ, worker=0)
+    j = next(j for j in range(i + 1, len(L[0])) if L[0][j].op == Op.GATEUP)
+    L[0][i], L[0][j] = L[0][j], L[0][i]
+    L[0] = [x for x in L[0] if not (x.op == Op.BARRIER and x.layer == stage_rank(super2.plan)[(Op.OPROJ, 0)])]
+    L[1] = [x for x in L[1] if not (x.op == Op.BARRIER and x.layer == stage_rank(super2.plan)[(Op.OPROJ, 0)])]
+    rejects(L, super2, "needs OPROJ layer 0", "not before a barrier")
+
+
+def test_raw_lists_need_plan(tape2):
+    with pytest.raises(TypeError):
+        validate(tape2.workers)
+    validate(tape2.workers, tape2.plan)     # mode inferred: no barriers, megakernel
+    with pytest.raises(TapeError, match="no workers"):
+        validate([], tape2.plan)
+
+
+def test_empty_worker_lists_are_fine():
+    """More workers than instructions in a stage leaves some workers idle in it; a worker may have
+    nothing at all."""
+    plan = make_plan(TINY["odd"], 1, 8, 1)
+    tape = build_tape(plan, 1, "round-robin")
+    validate(tape.workers + [[], []], plan)
+    assert dependent_steps(tape.workers + [[]]) == 6 * plan.L + 2
+
+
+def test_build_tape_rejects_bad_arguments():
+    plan = make_plan(TINY["odd"], 1, 8, 2)
+    for kwargs in (dict(strategy="random"), dict(mode="fast"), dict(workers=0)):
+        with pytest.raises(ValueError):
+            build_tape(plan, **{"workers": 2, **kwargs})
