@@ -135,7 +135,7 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
     round-robin: instruction j of a stage goes to worker (first + j) mod W, where ``first``
     continues from the previous stage, so short stages do not always land on worker 0.
     balanced: list scheduling; each instruction (largest first within a stage) goes to the worker
-    with the least bytes assigned so far. Both keep every worker's list in stage order, which
+    with the least bytes of this stage, then of the step so far. Both keep every worker's list in stage order, which
     with co-resident workers rules out deadlock (a wait only names earlier stages)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}: {', '.join(STRATEGIES)}")
@@ -177,11 +177,16 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
                 lists[(rr + j) % workers].append(ins)
             rr = (rr + len(instrs)) % workers
         else:
+            # a stage ends when its busiest worker does: balance within the stage first, then
+            # over the step so far
             order = sorted(instrs, key=lambda i: -cost(plan, Op(i.op), i.ntiles))
+            stage_load = [0] * workers
             for ins in order:
-                w = min(range(workers), key=lambda v: (load[v], v))
+                w = min(range(workers), key=lambda v: (stage_load[v], load[v], v))
                 lists[w].append(ins)
-                load[w] += cost(plan, Op(ins.op), ins.ntiles) + 1
+                c = cost(plan, Op(ins.op), ins.ntiles) + 1
+                stage_load[w] += c
+                load[w] += c
         if mode == "superkernel" and k < len(stages) - 1:
             bar = counter((Op.BARRIER, k, 0))
             for lst in lists:
