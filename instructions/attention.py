@@ -6,7 +6,8 @@ position p = lengths[b], and attends over split s of positions [0, p]. The split
 the current length at run time (``chunk = ceil(ceil((p+1)/NSPLIT)/BLOCK_S)*BLOCK_S``), so the
 tape never changes while short contexts use few splits and long ones spread over every worker.
 The split holding p writes the new k and v into the cache, then reads its range back.
-Outputs per head: the unnormalised o [D], the running max m and sum l, combined by REDUCE.
+Outputs per head: the unnormalised o [D], the running max m and sum l; the last split of
+(b, g) to finish combines them into ``attn`` (``reduce.py``).
 
 Qwen3-0.6B: 8 kv heads x NSPLIT tiles per sequence; reads 2*chunk*128*2 bytes of cache per tile.
 Matches ``Qwen3Attention`` (q_norm/k_norm, ``apply_rotary_pos_emb``, eager softmax in fp32).
@@ -18,14 +19,15 @@ import triton.language as tl
 from scheduler.ops import Op
 
 from .common import wait_counter
+from .reduce import reduce_group, reduce_ref
 
 
 @triton.jit
 def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, kc_ptr, vc_ptr,
-              opart_ptr, ml_ptr, eps, cnt_ptr, target,
+              opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt_ptr, target,
               B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
               NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
-              WAIT: tl.constexpr, SPIN: tl.constexpr):
+              NSPLIT_PAD: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
     G: tl.constexpr = HQ // HKV
     N: tl.constexpr = (HQ + 2 * HKV) * D
     HALF: tl.constexpr = D // 2
@@ -95,24 +97,30 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
         tl.store(opart_ptr + row[:, None] * D + dd[None, :], acc, mask=qmask)
         tl.store(ml_ptr + row * 2, m, mask=hmask)
         tl.store(ml_ptr + row * 2 + 1, l, mask=hmask)
+        # publish the partial, take a ticket; the last split of this step combines all of them
+        tl.debug_barrier()
+        ticket = tl.atomic_add(tickets_ptr + b * HKV + g, 1, sem="acq_rel", scope="gpu")
+        if ticket % NSPLIT == NSPLIT - 1:
+            reduce_group(b, g, opart_ptr, ml_ptr, attn_ptr, D, HQ, HKV, NSPLIT, D_PAD, G_PAD, NSPLIT_PAD)
     return seen
 
 
 @triton.jit
 def attn_kernel(layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr,
-                eps, B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
-                NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr):
+                tickets_ptr, attn_ptr, eps, B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                S: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr,
+                G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr):
     pid = tl.program_id(0)
     attn_tile(pid, pid + 1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, kc_ptr, vc_ptr,
-              opart_ptr, ml_ptr, eps, lengths_ptr, 0, B, D, HQ, HKV, S, NSPLIT, BLOCK_S, D_PAD, G_PAD,
-              False, 0)
+              opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, lengths_ptr, 0, B, D, HQ, HKV, S, NSPLIT, BLOCK_S,
+              D_PAD, G_PAD, NSPLIT_PAD, False, 0)
 
 
 def attention(st, p, layer):
     attn_kernel[(p.tiles(Op.ATTN),)](
         layer, st.qkv, st.w.q_norm, st.w.k_norm, st.inv_freq, st.lengths, st.k_cache, st.v_cache,
-        st.opart, st.ml, st.eps, B=p.B, D=p.D, HQ=p.HQ, HKV=p.HKV, S=p.S, NSPLIT=p.NSPLIT,
-        BLOCK_S=p.BLOCK_S, D_PAD=p.D_PAD, G_PAD=p.G_PAD, num_warps=st.num_warps)
+        st.opart, st.ml, st.tickets, st.attn, st.eps, B=p.B, D=p.D, HQ=p.HQ, HKV=p.HKV, S=p.S, NSPLIT=p.NSPLIT,
+        BLOCK_S=p.BLOCK_S, D_PAD=p.D_PAD, G_PAD=p.G_PAD, NSPLIT_PAD=p.NSPLIT_PAD, num_warps=st.num_warps)
 
 
 def attention_ref(st, p, layer, t0, t1):
@@ -140,11 +148,14 @@ def attention_ref(st, p, layer, t0, t1):
         if hi <= lo:
             st.opart[rows] = 0.0
             st.ml[rows, 0], st.ml[rows, 1] = float("-inf"), 0.0
-            continue
-        kk = st.k_cache[layer, b, g, lo:hi].float()
-        vv = st.v_cache[layer, b, g, lo:hi].float()
-        sc = (q @ kk.T) * D ** -0.5                       # [G, n]
-        m = sc.max(dim=1).values
-        pr = torch.exp(sc - m[:, None])
-        st.opart[rows] = pr @ vv
-        st.ml[rows, 0], st.ml[rows, 1] = m, pr.sum(dim=1)
+        else:
+            kk = st.k_cache[layer, b, g, lo:hi].float()
+            vv = st.v_cache[layer, b, g, lo:hi].float()
+            sc = (q @ kk.T) * D ** -0.5                       # [G, n]
+            m = sc.max(dim=1).values
+            pr = torch.exp(sc - m[:, None])
+            st.opart[rows] = pr @ vv
+            st.ml[rows, 0], st.ml[rows, 1] = m, pr.sum(dim=1)
+        st.tickets[b * p.HKV + g] += 1
+        if int(st.tickets[b * p.HKV + g]) % p.NSPLIT == 0:
+            reduce_ref(st, p, b, g)

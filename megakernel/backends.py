@@ -19,7 +19,6 @@ from instructions import attention as k_attention
 from instructions import embed as k_embed
 from instructions import matvec as k_matvec
 from instructions import qkv as k_qkv
-from instructions import reduce as k_reduce
 from scheduler.graph import Tape, build_tape, encode
 from scheduler.ops import MAX_BK, Op, Plan, make_plan
 
@@ -43,6 +42,7 @@ class StepState:
     qkv: torch.Tensor         # [B, (Hq + 2 Hkv) D] fp32
     opart: torch.Tensor       # [B Hq NSPLIT, D] fp32
     ml: torch.Tensor          # [B Hq NSPLIT, 2] fp32
+    tickets: torch.Tensor     # [B Hkv] int32: attention splits finished (only grows)
     attn: torch.Tensor        # [B, Hq D] fp32
     act: torch.Tensor         # [B, I] fp32
     amax_v: torch.Tensor      # [B, LM tiles] fp32
@@ -63,6 +63,7 @@ class StepState:
             w=mk.weights, tokens=mk.tokens, lengths=mk.cache.lengths, k_cache=mk.cache.k, v_cache=mk.cache.v,
             logits=mk.logits, x=torch.zeros(p.B, p.H, **f32), qkv=torch.zeros(p.B, p.QKV_ROWS, **f32),
             opart=torch.zeros(p.B * p.HQ * p.NSPLIT, D, **f32), ml=torch.zeros(p.B * p.HQ * p.NSPLIT, 2, **f32),
+            tickets=torch.zeros(p.B * p.HKV, dtype=torch.int32, device=dev),
             attn=torch.zeros(p.B, p.HQ * D, **f32), act=torch.zeros(p.B, p.I, **f32),
             amax_v=torch.zeros(p.B, nt, **f32), amax_i=torch.zeros(p.B, nt, dtype=torch.int32, device=dev),
             inv_freq=inv_freq.to(dev), eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, num_warps=num_warps)
@@ -154,6 +155,7 @@ class PersistentBackend:
     def reset_counters(self):
         self.counters.zero_()
         self.epoch.zero_()
+        self.st.tickets.zero_()
 
     def _args(self):
         p, st = self.plan, self.st
@@ -163,7 +165,7 @@ class PersistentBackend:
         if st.x.device.type == "cuda":
             kwargs["launch_cooperative_grid"] = True   # the driver refuses a grid that is not co-resident
         args = (self.words, self.lengths, self.counters, self.epoch, self.err, self.trace_buf,
-                st.tokens, st.lengths, st.x, st.qkv, st.opart, st.ml, st.attn, st.act, st.logits,
+                st.tokens, st.lengths, st.x, st.qkv, st.opart, st.ml, st.tickets, st.attn, st.act, st.logits,
                 st.amax_v, st.amax_i, st.inv_freq,
                 w.embed, w.lm_head, w.final_norm, w.input_norm, w.post_norm, w.q_norm, w.k_norm,
                 w.wqkv, w.wo, w.wgate_up, w.wdown, st.k_cache, st.v_cache, st.eps, self.words.shape[1])
@@ -232,8 +234,7 @@ def per_op_launches(st: StepState, plan: Plan):
     """The step as standalone launches, in dependency order: (name, fn, layer)."""
     seq = [("embed", k_embed.embed, 0)]
     for l in range(plan.L):
-        seq += [("qkv", k_qkv.qkv, l), ("attention", k_attention.attention, l), ("reduce", k_reduce.reduce, l),
-                ("oproj", k_matvec.oproj, l), ("gateup", k_matvec.gateup, l), ("down", k_matvec.down, l)]
+        seq += [("qkv", k_qkv.qkv, l), ("attention", k_attention.attention, l), ("oproj", k_matvec.oproj, l), ("gateup", k_matvec.gateup, l), ("down", k_matvec.down, l)]
     seq += [("lmhead", k_matvec.lmhead, 0), ("argmax", k_argmax.argmax, 0)]
     return seq
 

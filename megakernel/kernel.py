@@ -22,13 +22,11 @@ from instructions.common import wait_counter
 from instructions.embed import embed_tile
 from instructions.matvec import gateup_tile, lmhead_tile, residual_tile
 from instructions.qkv import qkv_tile
-from instructions.reduce import reduce_tile
 from scheduler.ops import Op
 
 OP_EMBED: tl.constexpr = tl.constexpr(int(Op.EMBED))
 OP_QKV: tl.constexpr = tl.constexpr(int(Op.QKV))
 OP_ATTN: tl.constexpr = tl.constexpr(int(Op.ATTN))
-OP_REDUCE: tl.constexpr = tl.constexpr(int(Op.REDUCE))
 OP_OPROJ: tl.constexpr = tl.constexpr(int(Op.OPROJ))
 OP_GATEUP: tl.constexpr = tl.constexpr(int(Op.GATEUP))
 OP_DOWN: tl.constexpr = tl.constexpr(int(Op.DOWN))
@@ -39,7 +37,7 @@ OP_BARRIER: tl.constexpr = tl.constexpr(int(Op.BARRIER))
 
 @triton.jit
 def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_ptr,
-               tokens_ptr, lengths_ptr, x_ptr, qkv_ptr, opart_ptr, ml_ptr, attn_ptr, act_ptr, logits_ptr,
+               tokens_ptr, lengths_ptr, x_ptr, qkv_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, act_ptr, logits_ptr,
                amax_v_ptr, amax_i_ptr, inv_freq_ptr,
                embed_ptr, lm_ptr, fnorm_ptr, innorm_ptr, postnorm_ptr, qn_ptr, kn_ptr,
                wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, kc_ptr, vc_ptr, eps, max_len,
@@ -79,11 +77,8 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                             B, H, QKV_N, R_QKV, BK_H, True, SPIN)
         elif op == OP_ATTN:
             seen = attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, kc_ptr, vc_ptr,
-                             opart_ptr, ml_ptr, eps, cnt, target, B, D, HQ, HKV, S, NSPLIT, BLOCK_S, D_PAD,
-                             G_PAD, True, SPIN)
-        elif op == OP_REDUCE:
-            seen = reduce_tile(t0, t1, opart_ptr, ml_ptr, attn_ptr, cnt, target, D, HQ, HKV, NSPLIT, D_PAD,
-                               G_PAD, NSPLIT_PAD, True, SPIN)
+                             opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt, target, B, D, HQ, HKV, S, NSPLIT,
+                             BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, True, SPIN)
         elif op == OP_OPROJ:
             seen = residual_tile(t0, t1, layer, attn_ptr, wo_ptr, x_ptr, cnt, target, B, H, HQ * D, R_O,
                                  BK_Q, True, SPIN)

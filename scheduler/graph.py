@@ -1,6 +1,6 @@
 """The decode step as a graph of tile instructions, assigned to workers as a tape.
 
-A step is a list of *stages* in dependency order (embed; per layer QKV, attention, reduce, O
+A step is a list of *stages* in dependency order (embed; per layer QKV, attention, O
 projection, gate/up, down; LM head; argmax). Each stage's tiles are cut into instructions of
 contiguous tiles, at most about one per worker, never crossing a *segment* (tiles that raise the
 same counter). A consumer waits on the counter of the producer segment it needs, for as many
@@ -14,6 +14,7 @@ BARRIER instruction on every worker between stages, the shape of a grid-wide bar
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from .ops import Instr, Op, Plan, cost
@@ -63,21 +64,16 @@ def build_stages(plan: Plan) -> list[Stage]:
             else:
                 segs.append(Segment(t, t + 1, (Op.QKV, l, g)))
         stages.append(Stage(Op.QKV, l, segs, [prev]))
-        # attention: tile (b, g, s) = (b * HKV + g) * NSPLIT + s; waits on its group's QKV tiles
+        # attention: tile (b, g, s) = (b * HKV + g) * NSPLIT + s; waits on its group's QKV tiles.
+        # All of them raise one counter: the O projection needs every head.
         segs, waits = [], []
         for b in range(p.B):
             for g in range(p.HKV):
                 t0 = (b * p.HKV + g) * p.NSPLIT
-                segs.append(Segment(t0, t0 + p.NSPLIT, (Op.ATTN, l, g)))
+                segs.append(Segment(t0, t0 + p.NSPLIT, (Op.ATTN, l, 0)))
                 waits.append((Op.QKV, l, g))
         stages.append(Stage(Op.ATTN, l, segs, waits))
-        segs, waits = [], []
-        for b in range(p.B):
-            for g in range(p.HKV):
-                segs.append(Segment(b * p.HKV + g, b * p.HKV + g + 1, (Op.REDUCE, l, 0)))
-                waits.append((Op.ATTN, l, g))
-        stages.append(Stage(Op.REDUCE, l, segs, waits))
-        for op, dep in ((Op.OPROJ, (Op.REDUCE, l, 0)), (Op.GATEUP, (Op.OPROJ, l, 0)),
+        for op, dep in ((Op.OPROJ, (Op.ATTN, l, 0)), (Op.GATEUP, (Op.OPROJ, l, 0)),
                         (Op.DOWN, (Op.GATEUP, l, 0))):
             stages.append(Stage(op, l, [Segment(0, p.tiles(op), (op, l, 0))], [dep]))
         prev = (Op.DOWN, l, 0)
@@ -180,13 +176,14 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
             # a stage ends when its busiest worker does: balance within the stage first, then
             # over the step so far
             order = sorted(instrs, key=lambda i: -cost(plan, Op(i.op), i.ntiles))
-            stage_load = [0] * workers
+            heap = [(0, load[v], v) for v in range(workers)]
+            heapq.heapify(heap)
             for ins in order:
-                w = min(range(workers), key=lambda v: (stage_load[v], load[v], v))
+                stage_load, _, w = heapq.heappop(heap)
                 lists[w].append(ins)
                 c = cost(plan, Op(ins.op), ins.ntiles) + 1
-                stage_load[w] += c
                 load[w] += c
+                heapq.heappush(heap, (stage_load + c, load[w], w))
         if mode == "superkernel" and k < len(stages) - 1:
             bar = counter((Op.BARRIER, k, 0))
             for lst in lists:

@@ -26,14 +26,14 @@ class Op(enum.IntEnum):
     NOOP = 0
     EMBED = 1      # x[b] = embed[token[b]]                                   tile: one sequence
     QKV = 2        # qkv[b] = Wqkv rmsnorm(x[b])                               tile: R_QKV rows
-    ATTN = 3       # q/k norm, RoPE, KV append, split-KV partial attention     tile: (b, kv head, split)
-    REDUCE = 4     # combine the splits                                        tile: (b, kv head)
-    OPROJ = 5      # x[b] += Wo attn[b]                                        tile: R_O rows
-    GATEUP = 6     # act[b] = silu(Wg h) * (Wu h), h = rmsnorm(x[b])           tile: R_GU rows of each
-    DOWN = 7       # x[b] += Wd act[b]                                         tile: R_DOWN rows
-    LMHEAD = 8     # logits[b] = Wlm rmsnorm(x[b]); per-tile max and argmax   tile: R_LM rows
-    ARGMAX = 9     # token[b] = argmax over tiles; length[b] += 1              tile: one sequence
-    BARRIER = 10   # superkernel: signal, then wait for every worker           (no tiles)
+    ATTN = 3       # q/k norm, RoPE, KV append, split-KV attention; the last     tile: (b, kv head, split)
+                   # split of a (b, kv head) to finish combines the splits
+    OPROJ = 4      # x[b] += Wo attn[b]                                        tile: R_O rows
+    GATEUP = 5     # act[b] = silu(Wg h) * (Wu h), h = rmsnorm(x[b])           tile: R_GU rows of each
+    DOWN = 6       # x[b] += Wd act[b]                                         tile: R_DOWN rows
+    LMHEAD = 7     # logits[b] = Wlm rmsnorm(x[b]); per-tile max and argmax   tile: R_LM rows
+    ARGMAX = 8     # token[b] = argmax over tiles; length[b] += 1              tile: one sequence
+    BARRIER = 9    # superkernel: signal, then wait for every worker           (no tiles)
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,6 @@ class Plan:
             Op.EMBED: self.B,
             Op.QKV: cdiv(self.QKV_ROWS, self.R_QKV),
             Op.ATTN: self.B * self.HKV * self.NSPLIT,
-            Op.REDUCE: self.B * self.HKV,
             Op.OPROJ: cdiv(self.H, self.R_O),
             Op.GATEUP: cdiv(self.I, self.R_GU),
             Op.DOWN: cdiv(self.H, self.R_DOWN),
@@ -173,7 +172,6 @@ def cost(plan: Plan, op: Op, ntiles: int, itemsize: int = 2) -> int:
         Op.EMBED: p.H * itemsize,
         Op.QKV: p.R_QKV * p.H * itemsize,
         Op.ATTN: 2 * -(-p.S // p.NSPLIT) * p.D * itemsize,
-        Op.REDUCE: p.NSPLIT * (p.HQ // p.HKV) * (p.D + 2) * 4,
         Op.OPROJ: p.R_O * p.HQ * p.D * itemsize,
         Op.GATEUP: 2 * p.R_GU * p.H * itemsize,
         Op.DOWN: p.R_DOWN * p.I * itemsize,

@@ -23,9 +23,9 @@ class VMError(RuntimeError):
 
 def reference_kernels() -> dict:
     """Op -> the torch reference of its tiles, ``fn(state, plan, layer, t0, t1)``."""
-    from instructions import argmax, attention, embed, matvec, qkv, reduce
+    from instructions import argmax, attention, embed, matvec, qkv
     return {Op.EMBED: embed.embed_ref, Op.QKV: qkv.qkv_ref, Op.ATTN: attention.attention_ref,
-            Op.REDUCE: reduce.reduce_ref, Op.OPROJ: matvec.oproj_ref, Op.GATEUP: matvec.gateup_ref,
+            Op.OPROJ: matvec.oproj_ref, Op.GATEUP: matvec.gateup_ref,
             Op.DOWN: matvec.down_ref, Op.LMHEAD: matvec.lmhead_ref, Op.ARGMAX: argmax.argmax_ref}
 
 

@@ -73,7 +73,7 @@ def check_invariants(tape: Tape):
     assert words.shape[0] == lengths.shape[0] == tape.num_workers
     assert decode(words, lengths) == tape.workers
     # one wait per stage boundary on the longest chain: embed, 6 per layer, LM head, argmax
-    assert dependent_steps(tape) == 6 * plan.L + 2
+    assert dependent_steps(tape) == 5 * plan.L + 2
     validate(tape)
     validate(decode(words, lengths), plan, tape.mode, tape.counter_names)
 
@@ -262,14 +262,14 @@ def test_missing_last_tiles(tape2):
 ])
 def test_malformed(tape2, change, fragment):
     L = lists_of(tape2)
-    w, i = first(L, Op.REDUCE, worker=1)
+    w, i = first(L, Op.OPROJ, worker=1)
     L[w][i] = dataclasses.replace(L[w][i], **change)
     rejects(L, tape2, f"worker {w} position {i}", fragment)
 
 
 def test_counter_out_of_range(tape2):
     L = lists_of(tape2)
-    w, i = first(L, Op.REDUCE, worker=1)
+    w, i = first(L, Op.OPROJ, worker=1)
     L[w][i] = dataclasses.replace(L[w][i], signal_counter=tape2.num_counters)
     with pytest.raises(TapeError, match=f"worker {w} position {i}.*out of range"):
         validate(dataclasses.replace(tape2, workers=L))
@@ -328,7 +328,7 @@ def test_empty_worker_lists_are_fine():
     plan = make_plan(TINY["odd"], 1, 8, 1)
     tape = build_tape(plan, 1, "round-robin")
     validate(tape.workers + [[], []], plan)
-    assert dependent_steps(tape.workers + [[]]) == 6 * plan.L + 2
+    assert dependent_steps(tape.workers + [[]]) == 5 * plan.L + 2
 
 
 def test_build_tape_rejects_bad_arguments():
