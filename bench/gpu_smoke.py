@@ -33,7 +33,10 @@ for be in args.backends.split(","):
         t = time.time()
         name, *kv = be.split(":")
         keys = {"nw": "num_warps", "wps": "workers_per_sm", "bk": "max_bk"}
-        opts = {keys[k]: int(v) for k, v in (x.split("=") for x in kv)}
+        opts = {keys[k]: int(v) for k, v in (x.split("=") for x in kv) if k in keys}
+        plan = {k: int(v) for k, v in (x.split("=") for x in kv) if k not in keys}
+        if plan:
+            opts["plan_overrides"] = plan
         mk = MegaQwen3(model, max_seq_len=1024, batch_size=1, backend=name, **opts)
         mk.prefill(prompt)
         mk.step(); torch.cuda.synchronize()

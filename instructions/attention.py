@@ -5,7 +5,8 @@ head from the QKV scratch, applies q_norm/k_norm per head and RoPE in Qwen's hal
 position p = lengths[b], and attends over split s of positions [0, p]. The splits are sized from
 the current length at run time (``chunk = ceil(ceil((p+1)/NSPLIT)/BLOCK_S)*BLOCK_S``), so the
 tape never changes while short contexts use few splits and long ones spread over every worker.
-The split holding p writes the new k and v into the cache, then reads its range back.
+The split holding p appends the new k and v to the cache and attends to them from registers;
+every other position comes from the cache, whose first block is loaded before the wait.
 Outputs per head: the unnormalised o [D], the running max m and sum l; the last split of
 (b, g) to finish combines them into ``attn`` (``reduce.py``).
 
@@ -20,6 +21,40 @@ from scheduler.ops import Op
 
 from .common import wait_counter
 from .reduce import reduce_group, reduce_ref
+
+
+@triton.jit
+def _kv_block(t, layer, lengths_ptr, kc_ptr, vc_ptr, dd, dmask, B: tl.constexpr, D: tl.constexpr,
+              HKV: tl.constexpr, S: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Tile t's split: its first block of cached keys and values (positions before the new one),
+    where the split starts, where its cached positions end, and the cache offset of (b, g)."""
+    s = t % NSPLIT
+    g = (t // NSPLIT) % HKV
+    b = t // (NSPLIT * HKV)
+    pos = tl.load(lengths_ptr + b)
+    chunk = tl.cdiv(tl.cdiv(pos + 1, NSPLIT), BLOCK_S) * BLOCK_S
+    lo = s * chunk
+    kv_end = tl.minimum(lo + chunk, pos)
+    coff = ((layer * B + b) * HKV + g).to(tl.int64) * (S * D)
+    kpos = lo + tl.arange(0, BLOCK_S)
+    kvmask = (kpos < kv_end)[:, None] & dmask[None, :]
+    off = coff + kpos[:, None] * D + dd[None, :]
+    kt = tl.load(kc_ptr + off, mask=kvmask, other=0.0).to(tl.float32)
+    vt = tl.load(vc_ptr + off, mask=kvmask, other=0.0).to(tl.float32)
+    return kt, vt, lo, kv_end, coff
+
+
+@triton.jit
+def _attend(q, kt, vt, valid, m, l, acc, scale):
+    """Online-softmax update of (max m, sum l, output acc) [G] with a block of keys/values."""
+    sc = tl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale          # [G_PAD, BLOCK_S]
+    sc = tl.where(valid[None, :], sc, float("-inf"))
+    m_new = tl.maximum(m, tl.max(sc, axis=1))
+    alpha = tl.exp(m - m_new)
+    pr = tl.exp(sc - m_new[:, None])
+    l = l * alpha + tl.sum(pr, axis=1)
+    acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * vt[None, :, :], axis=1)
+    return m_new, l, acc
 
 
 @triton.jit
@@ -44,6 +79,10 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
     hmask = hh < G
     qmask = hmask[:, None] & dmask[None, :]
     scale = 1.0 / tl.sqrt(D * 1.0)
+    # The first tile's first KV block is loaded before the wait: positions before the new one
+    # were written by earlier steps, so like weights they never wait on this step's producers.
+    kt, vt, lo, kv_end, coff = _kv_block(t0, layer, lengths_ptr, kc_ptr, vc_ptr, dd, dmask,
+                                         B, D, HKV, S, NSPLIT, BLOCK_S)
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
@@ -51,7 +90,11 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
         s = t % NSPLIT
         g = (t // NSPLIT) % HKV
         b = t // (NSPLIT * HKV)
+        if t > t0:
+            kt, vt, lo, kv_end, coff = _kv_block(t, layer, lengths_ptr, kc_ptr, vc_ptr, dd, dmask,
+                                                 B, D, HKV, S, NSPLIT, BLOCK_S)
         pos = tl.load(lengths_ptr + b)
+        hi = tl.minimum(lo + tl.cdiv(tl.cdiv(pos + 1, NSPLIT), BLOCK_S) * BLOCK_S, pos + 1)
         ang = pos.to(tl.float32) * inv_freq
         cos = tl.cos(ang)
         sin = tl.sin(ang)
@@ -62,36 +105,35 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
         qr = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / D + eps)
         q = (q * qr[:, None] * qn[None, :]) * cos[None, :] + \
             sign[None, :] * (qp * qr[:, None] * qn_p[None, :]) * sin[None, :]
-        kb = base + HQ * D + g * D
-        k = tl.load(kb + dd, mask=dmask, other=0.0, cache_modifier=".cg")
-        kp = tl.load(kb + pd, mask=dmask, other=0.0, cache_modifier=".cg")
-        kr = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / D + eps)
-        k = (k * kr * kn) * cos + sign * (kp * kr * kn_p) * sin
-        v = tl.load(base + (HQ + HKV) * D + g * D + dd, mask=dmask, other=0.0, cache_modifier=".cg")
-        chunk = tl.cdiv(tl.cdiv(pos + 1, NSPLIT), BLOCK_S) * BLOCK_S
-        lo = s * chunk
-        hi = tl.minimum(lo + chunk, pos + 1)
-        coff = ((layer * B + b) * HKV + g).to(tl.int64) * (S * D)
-        if (pos >= lo) & (pos < hi):
-            tl.store(kc_ptr + coff + pos * D + dd, k.to(kc_ptr.dtype.element_ty), mask=dmask)
-            tl.store(vc_ptr + coff + pos * D + dd, v.to(vc_ptr.dtype.element_ty), mask=dmask)
-        tl.debug_barrier()    # the new row is read back below by other threads of this program
         m = tl.full([G_PAD], float("-inf"), tl.float32)
         l = tl.zeros([G_PAD], tl.float32)
         acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-        for start in range(lo, hi, BLOCK_S):
-            kpos = start + tl.arange(0, BLOCK_S)
-            kvmask = (kpos < hi)[:, None] & dmask[None, :]
-            off = coff + kpos[:, None] * D + dd[None, :]
-            kt = tl.load(kc_ptr + off, mask=kvmask, other=0.0, cache_modifier=".cg").to(tl.float32)
-            vt = tl.load(vc_ptr + off, mask=kvmask, other=0.0, cache_modifier=".cg").to(tl.float32)
-            sc = tl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale          # [G_PAD, BLOCK_S]
-            sc = tl.where((kpos < hi)[None, :], sc, float("-inf"))
-            m_new = tl.maximum(m, tl.max(sc, axis=1))
+        if lo < kv_end:
+            m, l, acc = _attend(q, kt, vt, lo + tl.arange(0, BLOCK_S) < kv_end, m, l, acc, scale)
+            for start in range(lo + BLOCK_S, kv_end, BLOCK_S):
+                kpos = start + tl.arange(0, BLOCK_S)
+                kvmask = (kpos < kv_end)[:, None] & dmask[None, :]
+                off = coff + kpos[:, None] * D + dd[None, :]
+                kt = tl.load(kc_ptr + off, mask=kvmask, other=0.0).to(tl.float32)
+                vt = tl.load(vc_ptr + off, mask=kvmask, other=0.0).to(tl.float32)
+                m, l, acc = _attend(q, kt, vt, kpos < kv_end, m, l, acc, scale)
+        if (pos >= lo) & (pos < hi):
+            # the new token: append its key and value, and attend to it from registers
+            kb = base + HQ * D + g * D
+            k = tl.load(kb + dd, mask=dmask, other=0.0, cache_modifier=".cg")
+            kp = tl.load(kb + pd, mask=dmask, other=0.0, cache_modifier=".cg")
+            kr = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / D + eps)
+            k = ((k * kr * kn) * cos + sign * (kp * kr * kn_p) * sin).to(kc_ptr.dtype.element_ty)
+            v = tl.load(base + (HQ + HKV) * D + g * D + dd, mask=dmask, other=0.0,
+                        cache_modifier=".cg").to(vc_ptr.dtype.element_ty)
+            tl.store(kc_ptr + coff + pos * D + dd, k, mask=dmask)
+            tl.store(vc_ptr + coff + pos * D + dd, v, mask=dmask)
+            sc = tl.sum(q * k.to(tl.float32)[None, :], axis=1) * scale            # [G_PAD]
+            m_new = tl.maximum(m, sc)
             alpha = tl.exp(m - m_new)
-            pr = tl.exp(sc - m_new[:, None])
-            l = l * alpha + tl.sum(pr, axis=1)
-            acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * vt[None, :, :], axis=1)
+            pr = tl.exp(sc - m_new)
+            l = l * alpha + pr
+            acc = acc * alpha[:, None] + pr[:, None] * v.to(tl.float32)[None, :]
             m = m_new
         row = (b * HQ + g * G + hh) * NSPLIT + s
         tl.store(opart_ptr + row[:, None] * D + dd[None, :], acc, mask=qmask)

@@ -9,6 +9,7 @@ All four run the same tile functions (``instructions/``) over the same scratch b
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 
@@ -92,8 +93,9 @@ class PersistentBackend:
 
     def __init__(self, mk, mode: str = "megakernel", num_workers: int | None = None,
                  strategy: str = "balanced", spin: int | None = None, num_warps: int = 4, trace: bool = False,
-                 workers_per_sm: int = 2, max_bk: int = MAX_BK):
+                 workers_per_sm: int = 2, max_bk: int = MAX_BK, plan_overrides: dict | None = None):
         _check_kernel_device(mk, mode)
+        self.plan_overrides = plan_overrides or {}
         from .kernel import megakernel
         self.kernel = megakernel
         self.mk, self.mode, self.trace = mk, mode, trace
@@ -124,7 +126,8 @@ class PersistentBackend:
 
     def _build(self, workers: int):
         mk, dev = self.mk, self.mk.weights.device
-        self.plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=self.max_bk)
+        self.plan = dataclasses.replace(make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers,
+                                                  max_bk=self.max_bk), **self.plan_overrides)
         self.tape: Tape = build_tape(self.plan, workers, strategy=self.strategy, mode=self.mode)
         words, lengths = encode(self.tape)
         self.words, self.lengths = words.to(dev), lengths.to(dev)
