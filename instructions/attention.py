@@ -102,6 +102,11 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
         qoff = (g * G + hh)[:, None] * D
         q = tl.load(base + qoff + dd[None, :], mask=qmask, other=0.0, cache_modifier=".cg")
         qp = tl.load(base + qoff + pd[None, :], mask=qmask, other=0.0, cache_modifier=".cg")
+        # the new key and value: loaded with q so that all of this tile's reads are in flight at once
+        kb = base + HQ * D + g * D
+        k = tl.load(kb + dd, mask=dmask, other=0.0, cache_modifier=".cg")
+        kp = tl.load(kb + pd, mask=dmask, other=0.0, cache_modifier=".cg")
+        v = tl.load(base + (HQ + HKV) * D + g * D + dd, mask=dmask, other=0.0, cache_modifier=".cg")
         qr = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / D + eps)
         q = (q * qr[:, None] * qn[None, :]) * cos[None, :] + \
             sign[None, :] * (qp * qr[:, None] * qn_p[None, :]) * sin[None, :]
@@ -119,13 +124,9 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
                 m, l, acc = _attend(q, kt, vt, kpos < kv_end, m, l, acc, scale)
         if (pos >= lo) & (pos < hi):
             # the new token: append its key and value, and attend to it from registers
-            kb = base + HQ * D + g * D
-            k = tl.load(kb + dd, mask=dmask, other=0.0, cache_modifier=".cg")
-            kp = tl.load(kb + pd, mask=dmask, other=0.0, cache_modifier=".cg")
             kr = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / D + eps)
             k = ((k * kr * kn) * cos + sign * (kp * kr * kn_p) * sin).to(kc_ptr.dtype.element_ty)
-            v = tl.load(base + (HQ + HKV) * D + g * D + dd, mask=dmask, other=0.0,
-                        cache_modifier=".cg").to(vc_ptr.dtype.element_ty)
+            v = v.to(vc_ptr.dtype.element_ty)
             tl.store(kc_ptr + coff + pos * D + dd, k, mask=dmask)
             tl.store(vc_ptr + coff + pos * D + dd, v, mask=dmask)
             sc = tl.sum(q * k.to(tl.float32)[None, :], axis=1) * scale            # [G_PAD]

@@ -133,11 +133,12 @@ def _block_k(K: int, max_bk: int = MAX_BK) -> int:
 
 
 def _rows(N: int, K: int, workers: int, cap: int = 64, max_bk: int = MAX_BK) -> int:
-    """Largest power-of-two row count that keeps a tile's chunk in registers and still gives every
-    worker at least one tile (the issue's rule: a GEMV has at least as many tiles as workers)."""
+    """Power-of-two rows per tile: as few tiles as gives each worker at most one (so a worker's
+    whole share of a GEMV is loaded before it waits), within what a tile can hold in registers.
+    With two workers per SM this still gives every SM at least one tile."""
     by_regs = max(1, TILE_ELEMS // _block_k(K, max_bk))
-    by_workers = max(1, N // max(1, workers))
-    return max(1, min(cap, _pow2_floor(by_regs), _pow2_floor(by_workers)))
+    by_workers = next_pow2(-(-N // max(1, workers)))
+    return max(1, min(cap, _pow2_floor(by_regs), by_workers))
 
 
 def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
@@ -146,9 +147,8 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
     G = cfg.group_size
     qkv_rows = cfg.qkv_size
     if nsplit is None:
-        # enough attention tiles for every worker at long context; short contexts leave most
-        # splits empty (they cost one early exit)
-        nsplit = next_pow2(max(1, -(-workers // (batch_size * cfg.num_key_value_heads))))
+        # one attention tile per worker at most; short contexts leave the later splits empty
+        nsplit = _pow2_floor(max(1, workers // (batch_size * cfg.num_key_value_heads)))
         nsplit = max(1, min(nsplit, next_pow2(-(-max_seq_len // 16))))
     g_pad, d_pad = next_pow2(G), next_pow2(D)
     block_s = max(16, min(64, _pow2_floor(8192 // (g_pad * d_pad))))
