@@ -125,16 +125,16 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
         if (pos >= lo) & (pos < hi):
             # the new token: append its key and value, and attend to it from registers
             kr = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / D + eps)
-            k = ((k * kr * kn) * cos + sign * (kp * kr * kn_p) * sin).to(kc_ptr.dtype.element_ty)
-            v = v.to(vc_ptr.dtype.element_ty)
-            tl.store(kc_ptr + coff + pos * D + dd, k, mask=dmask)
-            tl.store(vc_ptr + coff + pos * D + dd, v, mask=dmask)
-            sc = tl.sum(q * k.to(tl.float32)[None, :], axis=1) * scale            # [G_PAD]
+            k_new = ((k * kr * kn) * cos + sign * (kp * kr * kn_p) * sin).to(kc_ptr.dtype.element_ty)
+            v_new = v.to(vc_ptr.dtype.element_ty)
+            tl.store(kc_ptr + coff + pos * D + dd, k_new, mask=dmask)
+            tl.store(vc_ptr + coff + pos * D + dd, v_new, mask=dmask)
+            sc = tl.sum(q * k_new.to(tl.float32)[None, :], axis=1) * scale        # [G_PAD]
             m_new = tl.maximum(m, sc)
             alpha = tl.exp(m - m_new)
             pr = tl.exp(sc - m_new)
             l = l * alpha + pr
-            acc = acc * alpha[:, None] + pr[:, None] * v.to(tl.float32)[None, :]
+            acc = acc * alpha[:, None] + pr[:, None] * v_new.to(tl.float32)[None, :]
             m = m_new
         row = (b * HQ + g * G + hh) * NSPLIT + s
         tl.store(opart_ptr + row[:, None] * D + dd[None, :], acc, mask=qmask)

@@ -112,7 +112,7 @@ class PersistentBackend:
         self._err_host = torch.zeros(8, dtype=torch.int32, pin_memory=dev.type == "cuda")
         self.err = torch.zeros(8, dtype=torch.int32, device=dev)
         if dev.type != "cuda":
-            self._build(1)
+            self._build(num_workers or 1)
             return
         sms = default_workers(dev)
         self._build(num_workers or sms * workers_per_sm)

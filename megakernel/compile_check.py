@@ -1,0 +1,172 @@
+"""``python -m megakernel.compile_check``: compile every kernel for a GPU target, without a GPU.
+
+The interpreter runs the kernels' Python on the CPU, so it cannot catch what only the compiler
+rejects (a variable whose type differs between the branches of an ``if``, say), nor show how many
+registers the persistent kernel needs. This compiles the megakernel and every per-op kernel with
+Triton's own compiler (bundled ``ptxas``) for an NVIDIA architecture, with the exact arguments a
+real step passes (recorded from the backends on ``meta`` tensors, so nothing is allocated), and
+reports registers and spills per kernel. It must run without ``TRITON_INTERPRET``; it re-executes
+itself in a clean environment when that is set.
+
+    python -m megakernel.compile_check --model 0.6b --workers 264 [--arch 90] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+
+class _Recorder:
+    """Stands in for a JITFunction: records the arguments of ``kernel[grid](*args, **kwargs)``."""
+
+    def __init__(self, fn, calls):
+        self.fn, self.calls = fn, calls
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append((self.fn, args, kwargs))
+        return launch
+
+
+def _type(v) -> str:
+    import torch
+    if isinstance(v, torch.Tensor):
+        return "*" + {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
+                      torch.int64: "i64"}[v.dtype]
+    if isinstance(v, bool):
+        return "i1"
+    if isinstance(v, int):
+        return "i32"
+    if isinstance(v, float):
+        return "fp32"
+    raise TypeError(f"cannot type argument {v!r}")
+
+
+def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int, dtype):
+    """(kernel, args, kwargs) of one step of every kernel backend, on meta tensors."""
+    import torch
+
+    import instructions
+    from megakernel import backends, kernel
+    from models.qwen3.reference import KVCache
+    from models.qwen3.weights import Qwen3Weights, preset_for
+
+    cfg = preset_for(model_name)
+    if cfg is None:
+        from models.qwen3.config import Qwen3Config
+        cfg = Qwen3Config.from_json(os.path.join(model_name, "config.json"))
+
+    class FakeMK:    # what the backends read from MegaQwen3
+        pass
+    mk = FakeMK()
+    mk.config, mk.batch_size, mk.max_seq_len = cfg, batch, max_seq_len
+    mk.weights = Qwen3Weights.empty(cfg, dtype, "meta")
+    mk.cache = KVCache.allocate(cfg, batch, max_seq_len, dtype, "meta")
+    mk.tokens = torch.zeros(batch, dtype=torch.int32, device="meta")
+    mk.logits = torch.zeros(batch, cfg.vocab_size, dtype=torch.float32, device="meta")
+    calls = []
+    patched = []
+    for mod_name in ("argmax", "attention", "embed", "matvec", "qkv"):
+        mod = getattr(__import__(f"instructions.{mod_name}"), mod_name)
+        for name in dir(mod):
+            if name.endswith("_kernel"):
+                patched.append((mod, name, getattr(mod, name)))
+                setattr(mod, name, _Recorder(getattr(mod, name), calls))
+    try:
+        for mode in ("megakernel", "superkernel"):
+            be = backends.PersistentBackend(mk, mode=mode, num_workers=workers)
+            be.kernel = _Recorder(kernel.megakernel, calls)
+            be.launch()
+        backends.PerOpBackend(mk, num_workers=workers).launch()
+    finally:
+        for mod, name, fn in patched:
+            setattr(mod, name, fn)
+    del instructions
+    return calls
+
+
+def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=90, dtype_name="bfloat16"):
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", arch, 32)
+    seen, report = set(), []
+    for fn, args, kwargs in record_launches(model_name, workers, batch, max_seq_len, getattr(torch, dtype_name)):
+        opts = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+        consts = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "launch_cooperative_grid")}
+        names = fn.arg_names
+        sig = {}
+        for i, name in enumerate(names):
+            sig[name] = "constexpr" if name in consts else _type(args[i])
+        key = (fn.__name__, json.dumps(sig, sort_keys=True), json.dumps({k: str(v) for k, v in consts.items()},
+                                                                          sort_keys=True), str(opts))
+        if key in seen:
+            continue
+        seen.add(key)
+        row = {"kernel": fn.__name__}
+        try:
+            k = triton.compile(ASTSource(fn, sig, constexprs=consts), target=target, options=opts)
+            meta = k.metadata
+            regs, stack = _resources(k)
+            row.update(ok=True, shared=meta.shared, num_warps=meta.num_warps, n_regs=regs, stack_bytes=stack)
+        except Exception as e:
+            lines = [l for l in str(e).splitlines() if l.strip()]
+            row.update(ok=False, error=" | ".join(lines[-4:])[:600])
+        report.append(row)
+    return report
+
+
+def _resources(k):
+    """(registers per thread, spill stores in bytes) from the cubin, through the cuobjdump that
+    Triton ships; (None, None) where it cannot be read."""
+    import re
+    import tempfile
+
+    import triton
+    try:
+        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+        regs = re.search(r"REG:(\d+)", out)
+        spill = re.search(r"STACK:(\d+)", out)
+        return (int(regs.group(1)) if regs else None), (int(spill.group(1)) if spill else None)
+    except Exception:
+        return None, None
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m megakernel.compile_check", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="0.6b")
+    ap.add_argument("--workers", type=int, default=264)
+    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--max-seq-len", type=int, default=4096)
+    ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for H100/H200")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["DEVICE"] = "cuda"    # only picks the import path: nothing runs on a device
+        return subprocess.call([sys.executable, "-m", "megakernel.compile_check", *sys.argv[1:]], env=env)
+    os.environ.setdefault("DEVICE", "cuda")
+    report = compile_all(args.model, args.workers, args.batch_size, args.max_seq_len, args.arch)
+    for r in report:
+        if r["ok"]:
+            print(f"{r['kernel']:<16} ok    warps {r['num_warps']}  shared {r['shared']}  regs {r['n_regs']}  "
+                  f"stack {r['stack_bytes']}")
+        else:
+            print(f"{r['kernel']:<16} FAIL  {r['error']}")
+    if args.json:
+        print(json.dumps(report))
+    return 0 if all(r["ok"] for r in report) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
