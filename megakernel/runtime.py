@@ -31,15 +31,24 @@ class ReferenceBackend:
         mk.tokens.copy_(mk.logits.argmax(-1))
 
 
+def _import_backend(name: str, module: str, attr: str):
+    """``module.attr``, or a clear error where the backend's module does not exist yet."""
+    import importlib
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except ModuleNotFoundError as e:
+        if e.name != module:
+            raise
+        raise RuntimeError(f"backend {name!r} is not built yet (no module {module})") from None
+
+
 def _make_backend(name: str, mk: "MegaQwen3", **options):
     if name == "reference":
         return ReferenceBackend(mk)
     if name == "vm":
-        from scheduler.vm import VMBackend
-        return VMBackend(mk, **options)
+        return _import_backend(name, "scheduler.vm", "VMBackend")(mk, **options)
     if name in ("megakernel", "superkernel", "per-op", "cuda-graph"):
-        from .backends import make_kernel_backend
-        return make_kernel_backend(name, mk, **options)
+        return _import_backend(name, "megakernel.backends", "make_kernel_backend")(name, mk, **options)
     raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
 
 

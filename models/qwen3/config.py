@@ -107,6 +107,8 @@ class Qwen3Config:
             raise FileNotFoundError(f"{path}: no config.json") from None
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"{path}: not a JSON object")
         try:
             return cls.from_dict(d)
         except ValueError as e:

@@ -162,11 +162,16 @@ def _read_safetensors_header(path: Path) -> dict:
             header = json.loads(f.read(n))
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise CheckpointError(f"{path}: corrupt safetensors header (not JSON)") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: corrupt safetensors header (not a table of tensors)")
     end = 8 + n
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        start, stop = info["data_offsets"]
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            raise CheckpointError(f"{path}: corrupt safetensors header (tensor {name} has no data_offsets)")
+        start, stop = offsets
         if end + stop > size:
             raise CheckpointError(f"{path}: truncated safetensors file: tensor {name} ends at byte "
                                   f"{end + stop}, the file has {size}")

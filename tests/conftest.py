@@ -1,0 +1,169 @@
+"""Shared fixtures: tiny Hugging Face Qwen3 checkpoints, a tiny tokenizer, a fresh seed per run.
+
+Tests run on the CPU unless marked ``gpu``; without CUDA, Triton is switched to its interpreter
+here, before any test module imports a kernel (``TRITON_INTERPRET`` is read when a ``@triton.jit``
+function is defined). Weights are random with a seed drawn anew each run and printed in the
+report header; ``TEST_SEED=N`` repeats a run.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    # Tiny tensors: waking a thread pool costs more than it saves (several ms per op on 2 cores).
+    torch.set_num_threads(1)
+
+import pytest  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+SEED = int(os.environ.get("TEST_SEED") or random.SystemRandom().randrange(2**31))
+
+
+def pytest_report_header(config):
+    return f"test seed: {SEED} (TEST_SEED={SEED} repeats this run)"
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """This run's seed, varied per test so tests do not share their random draws."""
+    s = (SEED + sum(map(ord, request.node.nodeid)) * 7919) % 2**31
+    print(f"seed {s} (run seed {SEED})")
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiny checkpoints
+
+
+@dataclass
+class Tiny:
+    folder: Path
+    hf: object            # transformers Qwen3ForCausalLM, float32, eval mode
+    vocab_size: int
+
+
+def hf_config(vocab=320, hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, head_dim=16, tie=False,
+              **extra):
+    from transformers import Qwen3Config
+    return Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                       head_dim=head_dim, tie_word_embeddings=tie, max_position_embeddings=512,
+                       rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None, **extra)
+
+
+def randomize(model, seed: int):
+    """Well-conditioned random weights, drawn independently of our own loader: norm weights near
+    1 and projections scaled by fan-in, so logits have clear margins (HF's 0.02-std init gives
+    near-uniform logits whose greedy choice is a coin toss at float32 rounding)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            elif "embed_tokens" in name:
+                p.copy_(torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5)
+
+
+def build_checkpoint(folder: Path, seed: int, dtype=torch.float32, max_shard_size=None,
+                     tokenizer: bool = False, **cfg) -> Tiny:
+    """A tiny HF checkpoint in ``folder`` (shape keywords as ``hf_config``), saved in ``dtype``,
+    sharded where ``max_shard_size`` is given, with a tokenizer.json of the same vocabulary where
+    ``tokenizer`` is true."""
+    from transformers import Qwen3ForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = None
+    if tokenizer:
+        tok = build_tokenizer(cfg.get("vocab", 320))
+        tok.save(str(folder / "tokenizer.json"))
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(hf_config(**cfg)).float().eval()
+    randomize(model, seed)
+    if dtype != torch.float32:
+        model = model.to(dtype)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(folder, **kwargs)
+    return Tiny(folder, model, model.config.vocab_size)
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path, seed):
+    """A factory: ``tiny_checkpoint(**shape)`` writes a tiny HF checkpoint and returns a ``Tiny``."""
+    count = iter(range(1000))
+
+    def make(**kwargs) -> Tiny:
+        return build_checkpoint(tmp_path / f"ckpt{next(count)}", seed, **kwargs)
+
+    return make
+
+
+# ---------------------------------------------------------------------------------------------
+# A tiny tokenizer
+
+WORDS = ("the a an of to in is was and or but if then when where what who which that this it he she they "
+         "we you i me my your his her their our cat dog bird fish tree house car road city river sea sky sun "
+         "moon star day night time year man woman child people world life hand eye head water fire earth "
+         "air stone light dark red blue green black white big small old new good bad long short high low "
+         "first last next other same different great little own right left run walk see look come go make "
+         "take give find think know want tell say ask work call try use feel become leave put mean keep let "
+         "begin seem help show hear play move live believe bring happen write sit stand lose pay meet "
+         "include continue set learn change lead understand watch follow stop create speak read allow add "
+         "spend grow open offer remember love consider appear buy wait serve die send expect build stay fall "
+         "cut reach kill remain paris france capital river").split()
+
+
+def build_tokenizer(vocab_size: int):
+    """A word-level tokenizer of exactly ``vocab_size`` ids: Qwen's special tokens first, then
+    words (and filler tokens). Decoding joins words with spaces."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
+    words = list(dict.fromkeys(WORDS)) + ["\n", "user", "assistant"] + [f"w{i}" for i in range(vocab_size)]
+    vocab = {t: i for i, t in enumerate((specials + words)[:vocab_size])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split("\n", "isolated"),
+                                                 pre_tokenizers.Split(Regex(" +"), "removed")])
+    tok.decoder = decoders.WordPiece(prefix="##")   # joins with spaces, no space before "##" pieces
+    tok.add_special_tokens(specials[:3])
+    return tok
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """Run ``python -m megakernel.generate ARGS`` in a subprocess: the repo importable, no network,
+    and a private cache for random weights. Returns the CompletedProcess (text mode)."""
+    import subprocess
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(HF_HUB_OFFLINE="1", MEGAKERNEL_CACHE=str(tmp_path / "mkcache"), PYTHONUNBUFFERED="1",
+               OMP_NUM_THREADS=str(torch.get_num_threads()))
+
+    def run(*args, timeout=120):
+        return subprocess.run([sys.executable, "-m", "megakernel.generate", *map(str, args)], env=env,
+                              capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+    return run
+
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_line(f"test seed: {SEED} (TEST_SEED={SEED} repeats this run)")
