@@ -96,10 +96,13 @@ def test_broken_tape_raises_named_error_quickly(model, prompt):
     w, i = next((w, i) for w, i, ins in be.tape.instructions() if ins.op == 2)
     be.words[w, i, 5] = 10 ** 6
     t = time.time()
-    with pytest.raises(MegakernelError, match=r"QKV layer \d+ tiles"):
+    with pytest.raises(MegakernelError) as err:
         mk.step()
         be.synchronize()
-    assert time.time() - t < 2.0
+    elapsed = time.time() - t
+    print(err.value)
+    assert f"worker {w} timed out at tape position {i} (QKV layer" in str(err.value)
+    assert elapsed < 2.0
 
 
 def test_2000_steps_without_error(model):
