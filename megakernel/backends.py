@@ -109,8 +109,6 @@ class PersistentBackend:
         self.num_warps, self.strategy, self.max_bk = num_warps, strategy, max_bk
         self.steps = 0
         self._pending = None
-        self._err_host = torch.zeros(8, dtype=torch.int32, pin_memory=dev.type == "cuda")
-        self.err = torch.zeros(8, dtype=torch.int32, device=dev)
         if dev.type != "cuda":
             self._build(num_workers or 1)
             return
@@ -136,6 +134,9 @@ class PersistentBackend:
         self.trace_buf = torch.zeros(workers * words.shape[1] * 2 if self.trace else 1, dtype=torch.int64,
                                      device=dev)
         self.st = StepState.allocate(mk, self.plan, self.num_warps)
+        # err[0]: a wait timed out; err[1 + 4w : 5 + 4w]: worker w's (position + 1, counter, target, seen)
+        self.err = torch.zeros(1 + 4 * workers, dtype=torch.int32, device=dev)
+        self._err_host = torch.zeros_like(self.err, device="cpu", pin_memory=dev.type == "cuda")
 
     def resident_per_sm(self) -> int:
         """Programs of the compiled kernel that fit on one SM at once (registers, shared memory,
@@ -209,16 +210,38 @@ class PersistentBackend:
             self.raise_error(err)
 
     def raise_error(self, err):
-        _, worker, pos, counter, target, seen = err[:6]
-        ins = self.tape.workers[worker][pos] if worker < self.tape.num_workers and \
-            pos < len(self.tape.workers[worker]) else None
-        what = ins.describe() if ins else f"instruction {pos}"
+        """Name the root cause among the workers that stopped: a stalled wait whose producers all
+        ran (the wait asks for more than the tape provides), or else the cycle of stalled waits."""
+        stuck = {}
+        for w in range(self.tape.num_workers):
+            pos1, counter, target, seen = err[1 + 4 * w: 5 + 4 * w]
+            if pos1:
+                stuck[w] = (pos1 - 1, counter, target, seen)
         self.err.zero_()
         self.reset_counters()
-        raise MegakernelError(
-            f"{self.mode}: worker {worker} timed out at tape position {pos} ({what}) waiting for counter "
-            f"{counter} ({self.tape.counter_names.get(counter, '?')}) to reach {target}; it saw {seen}. "
-            f"The step's outputs are invalid; counters were reset.")
+        producers = {}
+        for w, i, ins in self.tape.instructions():
+            producers.setdefault(ins.signal_counter, []).append((w, i))
+
+        def pending(counter):   # producers of the counter that never signalled
+            return [(w, i) for w, i in producers.get(counter, []) if w in stuck and i >= stuck[w][0]]
+
+        def describe(w):
+            pos, counter, target, seen = stuck[w]
+            ins = self.tape.workers[w][pos] if pos < len(self.tape.workers[w]) else None
+            return (f"worker {w} timed out at tape position {pos} ({ins.describe() if ins else '?'}) waiting "
+                    f"for counter {counter} ({self.tape.counter_names.get(counter, '?')}) to reach {target}; "
+                    f"it saw {seen}")
+        roots = [w for w in stuck if not pending(stuck[w][1])]
+        if roots:
+            msg = describe(roots[0]) + (", though every instruction that raises it ran"
+                                        if producers.get(stuck[roots[0]][1]) else ", which nothing raises")
+        else:
+            msg = "deadlock: " + "; ".join(describe(w) + f", raised by the stalled {pending(stuck[w][1])[:2]}"
+                                          for w in list(stuck)[:3])
+        others = len(stuck) - 1
+        raise MegakernelError(f"{self.mode}: {msg}. {others} other worker(s) stalled behind it. The step's "
+                              f"outputs are invalid; counters were reset.")
 
     def synchronize(self):
         self._check_errors(now=True)

@@ -5,9 +5,10 @@ the opcode to the instruction kind's tile function (which loads its first weight
 its input counter, then computes), and after the tile's last store releases: ``tl.debug_barrier()``
 so every thread's stores are issued, then one ``atomic_add(sem="release")`` on the signal counter.
 
-Waits are bounded (``SPIN`` polls). A timed-out wait records (worker, tape position, counter,
-expected, seen) in ``err`` (first error wins) and stops; programs waiting on it time out in turn,
-so a broken tape ends the launch in an error rather than a hung GPU.
+Waits are bounded (``SPIN`` polls). A worker whose wait times out records (tape position, counter,
+expected, seen) in its row of ``err``, raises ``err[0]`` and stops without signalling; whatever
+depends on it times out in turn, so a broken tape ends the launch in an error rather than a hung
+GPU, and the host names the root cause (``backends.PersistentBackend.raise_error``).
 
 Counter targets grow with the step (``wait_per_step * (epoch + 1)``); each program keeps its own
 epoch in ``epoch[pid]``, so no counter is reset between steps.
@@ -102,17 +103,17 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
             tl.atomic_add(cnt, 1, sem="release", scope="gpu")
             seen = wait_counter(cnt, target, SPIN)
         tl.debug_barrier()    # every thread's stores issued before the release below
-        if (sc >= 0) & (op != OP_BARRIER):    # a barrier has already arrived on its counter
-            tl.atomic_add(counters_ptr + sc, 1, sem="release", scope="gpu")
         if seen < target:
-            # timed out: record the first failure, then stop (others stop at their next instruction)
-            if tl.atomic_cas(err_ptr, 0, 1, sem="acq_rel", scope="gpu") == 0:
-                tl.store(err_ptr + 1, pid)
-                tl.store(err_ptr + 2, i)
-                tl.store(err_ptr + 3, wc)
-                tl.store(err_ptr + 4, target)
-                tl.store(err_ptr + 5, seen)
+            # timed out: record where this worker stopped and on what, raise the flag, stop. It does
+            # not signal, so what depends on it stalls too; the host finds the root cause.
+            tl.store(err_ptr + 1 + pid * 4, i + 1)
+            tl.store(err_ptr + 2 + pid * 4, wc)
+            tl.store(err_ptr + 3 + pid * 4, target)
+            tl.store(err_ptr + 4 + pid * 4, seen)
+            tl.atomic_xchg(err_ptr, 1, sem="release", scope="gpu")
             failed = 1
+        elif (sc >= 0) & (op != OP_BARRIER):    # a barrier has already arrived on its counter
+            tl.atomic_add(counters_ptr + sc, 1, sem="release", scope="gpu")
         if TRACE:
             tl.store(trace_ptr + (pid * max_len + i) * 2 + 1, tl.extra.cuda.globaltimer())
         i += 1
