@@ -269,7 +269,7 @@ class PerOpBackend:
     """Each instruction kind launched as its own kernel over all its tiles."""
 
     def __init__(self, mk, num_workers: int | None = None, num_warps: int = 4, graph: bool = False,
-                 workers_per_sm: int = 2, max_bk: int = MAX_BK, **_):
+                 workers_per_sm: int = 2, max_bk: int = MAX_BK, plan_overrides: dict | None = None, **_):
         _check_kernel_device(mk, "cuda-graph" if graph else "per-op")
         dev = mk.weights.device
         if graph and dev.type != "cuda":
@@ -277,7 +277,8 @@ class PerOpBackend:
         self.mk = mk
         # the same tile sizes as the megakernel would use, so the numbers agree bit for bit
         workers = num_workers or default_workers(dev) * (workers_per_sm if dev.type == "cuda" else 1)
-        self.plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk)
+        self.plan = dataclasses.replace(make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk),
+                                        **(plan_overrides or {}))
         self.st = StepState.allocate(mk, self.plan, num_warps)
         self.seq = per_op_launches(self.st, self.plan)
         self.graph = None

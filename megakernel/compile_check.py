@@ -46,7 +46,7 @@ def _type(v) -> str:
     raise TypeError(f"cannot type argument {v!r}")
 
 
-def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int, dtype):
+def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int, dtype, **options):
     """(kernel, args, kwargs) of one step of every kernel backend, on meta tensors."""
     import torch
 
@@ -78,10 +78,10 @@ def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int,
                 setattr(mod, name, _Recorder(getattr(mod, name), calls))
     try:
         for mode in ("megakernel", "superkernel"):
-            be = backends.PersistentBackend(mk, mode=mode, num_workers=workers)
+            be = backends.PersistentBackend(mk, mode=mode, num_workers=workers, **options)
             be.kernel = _Recorder(kernel.megakernel, calls)
             be.launch()
-        backends.PerOpBackend(mk, num_workers=workers).launch()
+        backends.PerOpBackend(mk, num_workers=workers, **options).launch()
     finally:
         for mod, name, fn in patched:
             setattr(mod, name, fn)
@@ -89,7 +89,8 @@ def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int,
     return calls
 
 
-def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=90, dtype_name="bfloat16"):
+def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=90, dtype_name="bfloat16",
+                **options):
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -97,7 +98,8 @@ def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=
 
     target = GPUTarget("cuda", arch, 32)
     seen, report = set(), []
-    for fn, args, kwargs in record_launches(model_name, workers, batch, max_seq_len, getattr(torch, dtype_name)):
+    for fn, args, kwargs in record_launches(model_name, workers, batch, max_seq_len, getattr(torch, dtype_name),
+                                            **options):
         opts = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
         consts = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "launch_cooperative_grid")}
         names = fn.arg_names
@@ -149,6 +151,9 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--max-seq-len", type=int, default=4096)
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for H100/H200")
+    ap.add_argument("--num-warps", type=int, default=4)
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=N",
+                    help="override a tile-plan field, e.g. --set R_GU=16 (repeatable)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -156,7 +161,9 @@ def main(argv=None):
         env["DEVICE"] = "cuda"    # only picks the import path: nothing runs on a device
         return subprocess.call([sys.executable, "-m", "megakernel.compile_check", *sys.argv[1:]], env=env)
     os.environ.setdefault("DEVICE", "cuda")
-    report = compile_all(args.model, args.workers, args.batch_size, args.max_seq_len, args.arch)
+    overrides = {k: int(v) for k, v in (x.split("=", 1) for x in args.set)}
+    report = compile_all(args.model, args.workers, args.batch_size, args.max_seq_len, args.arch,
+                         num_warps=args.num_warps, plan_overrides=overrides)
     for r in report:
         if r["ok"]:
             print(f"{r['kernel']:<16} ok    warps {r['num_warps']}  shared {r['shared']}  regs {r['n_regs']}  "
