@@ -270,7 +270,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     try:
         result = bench(args)
-    except (ValueError, RuntimeError, OSError) as e:
+    except (ValueError, RuntimeError, OSError, MemoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     line = json.dumps(result)

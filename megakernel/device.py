@@ -66,3 +66,16 @@ def resolve(device: str | torch.device | None) -> torch.device:
 def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 on an accelerator; float32 on the CPU, where the interpreter has no bf16 arithmetic."""
     return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+def check_fits(device: torch.device, nbytes: int, what: str, margin: float = 1.05):
+    """Raise a clear error before allocating ``nbytes`` for ``what`` on an accelerator that does
+    not have them free (the CPU is not checked: the OS decides there)."""
+    if device.type != "cuda":
+        return
+    free, total = torch.cuda.mem_get_info(device)
+    if nbytes * margin > free:
+        gib = 1024 ** 3
+        raise MemoryError(f"{what} needs {nbytes / gib:.1f} GiB on {torch.cuda.get_device_name(device)}, which "
+                          f"has {free / gib:.1f} GiB free of {total / gib:.1f} GiB; use a smaller model, "
+                          f"batch or max_seq_len")

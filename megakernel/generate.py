@@ -181,7 +181,7 @@ def main(argv=None) -> int:
     try:
         args = parse_args(argv)
         summary = run(args)
-    except (UsageError, ValueError, OSError, RuntimeError) as e:
+    except (UsageError, ValueError, OSError, RuntimeError, MemoryError) as e:
         # ValueError covers CheckpointError and bad settings; OSError unreadable files; RuntimeError
         # an absent device or a backend not built yet.
         sys.stdout.flush()

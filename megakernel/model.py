@@ -53,6 +53,8 @@ def load_model(name: str, random_weights: bool = False, seed: int = 0, device=No
 
     folder = None if random_weights else resolve_checkpoint(name, allow_download=allow_download)
     if folder is not None:
+        cfg = Qwen3Config.from_json(folder / "config.json")
+        devices.check_fits(dev, cfg.num_parameters() * dtype.itemsize, f"{name}'s weights in {dtype}")
         cfg, w = load_checkpoint(folder, dtype=dtype, device=dev, progress=progress)
         return Qwen3Model(name, cfg, w, folder, load_tokenizer(folder))
     cfg = preset_for(name)
@@ -62,6 +64,7 @@ def load_model(name: str, random_weights: bool = False, seed: int = 0, device=No
             cfg = Qwen3Config.from_json(p / "config.json")   # random weights of a folder's shapes
         else:
             raise CheckpointError(f"no checkpoint for {name!r} and no known shapes for random weights")
+    devices.check_fits(dev, cfg.num_parameters() * dtype.itemsize, f"{name}'s weights in {dtype}")
     reason = "as asked (random_weights=True)" if random_weights else "no checkpoint found locally or online"
     print(f"WARNING: {name}: using deterministic random weights (seed {seed}) of the true shapes, "
           f"{reason}. Outputs are meaningless text.", file=sys.stderr)

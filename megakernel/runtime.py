@@ -87,6 +87,9 @@ class MegaQwen3:
         self.backend_name = backend
         self.max_seq_len, self.batch_size = max_seq_len, batch_size
         dev, dt = self.weights.device, self.weights.dtype
+        kv_bytes = self.config.kv_bytes_per_position(dt.itemsize) * batch_size * max_seq_len
+        from .device import check_fits
+        check_fits(dev, kv_bytes, f"a KV cache for batch {batch_size} x {max_seq_len} positions")
         self.cache = KVCache.allocate(self.config, batch_size, max_seq_len, dt, dev)
         self.tokens = torch.zeros(batch_size, dtype=torch.int32, device=dev)      # pending input tokens
         self.logits = torch.zeros(batch_size, self.config.vocab_size, dtype=torch.float32, device=dev)

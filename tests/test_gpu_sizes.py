@@ -1,0 +1,88 @@
+"""GPU checks beyond 0.6b at batch 1: larger models, batch 8, a 32k context.
+
+Run on the device machine: python3 -m pytest -m gpu tests/test_gpu_sizes.py -v -s
+"""
+
+import time
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+
+def _model(size):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from megakernel import load_model
+    return load_model(size, random_weights=True, device="cuda", dtype=torch.bfloat16, progress=False)
+
+
+def _prompt(vocab, shape):
+    seed = int(time.time())
+    print(f"prompt seed {seed}")
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _generate(model, backend, prompt, n, max_seq_len=None):
+    from megakernel import MegaQwen3
+    mk = MegaQwen3(model, max_seq_len=max_seq_len or prompt.shape[1] + n + 8, batch_size=prompt.shape[0],
+                   backend=backend)
+    out = mk.generate(prompt, max_new_tokens=n)
+    mk.backend.synchronize() if hasattr(mk.backend, "synchronize") else None
+    return out
+
+
+@pytest.mark.parametrize("size", ["1.7b", "8b"])
+def test_megakernel_equals_per_op(size):
+    model = _model(size)
+    prompt = _prompt(model.config.vocab_size, (1, 32))
+    a = _generate(model, "megakernel", prompt, 128)
+    b = _generate(model, "per-op", prompt, 128)
+    assert torch.equal(a, b), f"first difference at step {int((a != b).nonzero()[0, 1])}"
+    del model
+    torch.cuda.empty_cache()
+
+
+def test_batch8_equals_eight_batch1_runs():
+    model = _model("0.6b")
+    prompt = _prompt(model.config.vocab_size, (8, 24))
+    batch = _generate(model, "megakernel", prompt, 64, max_seq_len=96)
+    for b in range(8):
+        alone = _generate(model, "megakernel", prompt[b:b + 1], 64, max_seq_len=96)
+        assert torch.equal(batch[b], alone[0]), f"sequence {b} differs"
+
+
+def test_32k_context_tokens_and_time():
+    """At a 32k context the megakernel and per-op agree, and the step time grows with the KV
+    bytes read, not faster."""
+    from megakernel import MegaQwen3
+    model = _model("0.6b")
+    cfg = model.config
+    S = 32768 + 64
+    prompt = _prompt(cfg.vocab_size, (1, 32768))
+    toks, times = {}, {}
+    for backend in ("megakernel", "per-op"):
+        mk = MegaQwen3(model, max_seq_len=S, backend=backend)
+        toks[backend] = mk.generate(prompt, max_new_tokens=16)
+        del mk
+        torch.cuda.empty_cache()
+    assert torch.equal(toks["megakernel"], toks["per-op"])
+    mk = MegaQwen3(model, max_seq_len=S, backend="megakernel")
+    for n in (1024, 32768):
+        mk.prefill(prompt[:, :n])
+        mk.step()
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(16):
+            mk.step()
+        b.record()
+        torch.cuda.synchronize()
+        times[n] = a.elapsed_time(b) / 16
+    w = model.weights.nbytes()
+    kv = cfg.kv_bytes_per_position(2)
+    bytes_ratio = (w + kv * 32768) / (w + kv * 1024)
+    print(f"ms/token at 1k {times[1024]:.3f}, at 32k {times[32768]:.3f}; time ratio "
+          f"{times[32768] / times[1024]:.2f}, bytes ratio {bytes_ratio:.2f}")
+    assert times[32768] / times[1024] <= 1.25 * bytes_ratio
