@@ -26,8 +26,9 @@ from .reduce import reduce_group, reduce_ref
 @triton.jit
 def _kv_block(t, layer, lengths_ptr, kc_ptr, vc_ptr, dd, dmask, B: tl.constexpr, D: tl.constexpr,
               HKV: tl.constexpr, S: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Tile t's split: its first block of cached keys and values (positions before the new one),
-    where the split starts, where its cached positions end, and the cache offset of (b, g)."""
+    """Tile t's split: its first block of cached keys and values (positions before the new one,
+    in the cache's dtype), where the split starts, where its cached positions end, and the cache
+    offset of (b, g)."""
     s = t % NSPLIT
     g = (t // NSPLIT) % HKV
     b = t // (NSPLIT * HKV)
@@ -39,14 +40,16 @@ def _kv_block(t, layer, lengths_ptr, kc_ptr, vc_ptr, dd, dmask, B: tl.constexpr,
     kpos = lo + tl.arange(0, BLOCK_S)
     kvmask = (kpos < kv_end)[:, None] & dmask[None, :]
     off = coff + kpos[:, None] * D + dd[None, :]
-    kt = tl.load(kc_ptr + off, mask=kvmask, other=0.0).to(tl.float32)
-    vt = tl.load(vc_ptr + off, mask=kvmask, other=0.0).to(tl.float32)
+    kt = tl.load(kc_ptr + off, mask=kvmask, other=0.0)
+    vt = tl.load(vc_ptr + off, mask=kvmask, other=0.0)
     return kt, vt, lo, kv_end, coff
 
 
 @triton.jit
 def _attend(q, kt, vt, valid, m, l, acc, scale):
     """Online-softmax update of (max m, sum l, output acc) [G] with a block of keys/values."""
+    kt = kt.to(tl.float32)
+    vt = vt.to(tl.float32)
     sc = tl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale          # [G_PAD, BLOCK_S]
     sc = tl.where(valid[None, :], sc, float("-inf"))
     m_new = tl.maximum(m, tl.max(sc, axis=1))
@@ -114,14 +117,16 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
         l = tl.zeros([G_PAD], tl.float32)
         acc = tl.zeros([G_PAD, D_PAD], tl.float32)
         if lo < kv_end:
-            m, l, acc = _attend(q, kt, vt, lo + tl.arange(0, BLOCK_S) < kv_end, m, l, acc, scale)
-            for start in range(lo + BLOCK_S, kv_end, BLOCK_S):
-                kpos = start + tl.arange(0, BLOCK_S)
-                kvmask = (kpos < kv_end)[:, None] & dmask[None, :]
-                off = coff + kpos[:, None] * D + dd[None, :]
-                kt = tl.load(kc_ptr + off, mask=kvmask, other=0.0).to(tl.float32)
-                vt = tl.load(vc_ptr + off, mask=kvmask, other=0.0).to(tl.float32)
-                m, l, acc = _attend(q, kt, vt, kpos < kv_end, m, l, acc, scale)
+            for start in range(lo, kv_end, BLOCK_S):
+                # the next block's loads go out before this block's math (double buffering)
+                npos = start + BLOCK_S + tl.arange(0, BLOCK_S)
+                noff = coff + npos[:, None] * D + dd[None, :]
+                nmask = (npos < kv_end)[:, None] & dmask[None, :]
+                kt_next = tl.load(kc_ptr + noff, mask=nmask, other=0.0)
+                vt_next = tl.load(vc_ptr + noff, mask=nmask, other=0.0)
+                m, l, acc = _attend(q, kt, vt, start + tl.arange(0, BLOCK_S) < kv_end, m, l, acc, scale)
+                kt = kt_next
+                vt = vt_next
         if (pos >= lo) & (pos < hi):
             # the new token: append its key and value, and attend to it from registers
             kr = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / D + eps)
