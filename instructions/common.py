@@ -78,3 +78,41 @@ def dot_rows(w_ptr, w0, xn0, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, rstd
             x = x * rstd * tl.load(nw_ptr + k0 + kk, mask=k0 + kk < K, other=0.0).to(tl.float32)
         acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
     return acc
+
+
+STORE: tl.constexpr = tl.constexpr(0)      # out[b, rows] = acc
+RESIDUAL: tl.constexpr = tl.constexpr(1)   # out[b, rows] += acc
+ARGMAX: tl.constexpr = tl.constexpr(2)     # out[b, rows] = acc; per tile (max, first argmax) into aux
+
+
+@triton.jit
+def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr, cnt_ptr, target,
+              B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
+              NORM: tl.constexpr, EPI: tl.constexpr, NT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
+    """Tiles [t0, t1) of rows R of a row-major [N, K] GEMV over each of B input rows (RMS-normalised
+    with weight ``nw`` when NORM), with the epilogue EPI. The first tile's weights are loaded before
+    the wait (weights never depend on activations), each next tile's while this one computes."""
+    row_end = tl.minimum(t1 * R, N)
+    w0 = load_w(w_ptr, t0 * R, row_end, K, 0, R, BK)
+    seen = target
+    if WAIT:
+        seen = wait_counter(cnt_ptr, target, SPIN)
+    xn0, rstd = load_xn(in_ptr, nw_ptr, eps, K, BK, NORM)
+    for t in range(t0, t1):
+        w_next = load_w(w_ptr, (t + 1) * R, row_end, K, 0, R, BK)
+        rows = t * R + tl.arange(0, R)
+        for b in range(B):
+            if B > 1:
+                xn0, rstd = load_xn(in_ptr + b * K, nw_ptr, eps, K, BK, NORM)
+            acc = dot_rows(w_ptr, w0, xn0, t * R, row_end, K, in_ptr + b * K, nw_ptr, rstd, NORM, R, BK)
+            if EPI == RESIDUAL:
+                acc += tl.load(out_ptr + b * N + rows, mask=rows < row_end, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + b * N + rows, acc, mask=rows < row_end)
+            if EPI == ARGMAX:
+                acc = tl.where(rows < row_end, acc, float("-inf"))
+                best = tl.max(acc, axis=0)
+                idx = tl.min(tl.where(acc == best, rows, 2147483647), axis=0)   # first maximum, as torch
+                tl.store(aux_v_ptr + b * NT + t, best)
+                tl.store(aux_i_ptr + b * NT + t, idx)
+        w0 = w_next
+    return seen

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from scheduler.ops import Op
 
-from .common import dot_rows, load_w, load_xn, wait_counter
+from .common import ARGMAX, RESIDUAL, dot_rows, gemv_tile, load_w, load_xn, wait_counter
 
 
 @triton.jit
@@ -24,24 +24,8 @@ def residual_tile(t0, t1, layer, in_ptr, w_base, x_ptr, cnt_ptr, target,
                   B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
                   WAIT: tl.constexpr, SPIN: tl.constexpr):
     """x[b, rows] += W[layer, rows] @ in[b] (OPROJ with in = attn, DOWN with in = act)."""
-    w_ptr = w_base + tl.cast(layer, tl.int64) * (N * K)
-    row_end = tl.minimum(t1 * R, N)
-    w0 = load_w(w_ptr, t0 * R, row_end, K, 0, R, BK)
-    seen = target
-    if WAIT:
-        seen = wait_counter(cnt_ptr, target, SPIN)
-    xn0, rstd = load_xn(in_ptr, in_ptr, 0.0, K, BK, False)
-    for t in range(t0, t1):
-        w_next = load_w(w_ptr, (t + 1) * R, row_end, K, 0, R, BK)
-        rows = t * R + tl.arange(0, R)
-        for b in range(B):
-            if B > 1:
-                xn0, rstd = load_xn(in_ptr + b * K, in_ptr, 0.0, K, BK, False)
-            acc = dot_rows(w_ptr, w0, xn0, t * R, row_end, K, in_ptr + b * K, in_ptr, rstd, False, R, BK)
-            xr = tl.load(x_ptr + b * N + rows, mask=rows < row_end, other=0.0, cache_modifier=".cg")
-            tl.store(x_ptr + b * N + rows, xr + acc, mask=rows < row_end)
-        w0 = w_next
-    return seen
+    return gemv_tile(t0, t1, w_base + tl.cast(layer, tl.int64) * (N * K), in_ptr, in_ptr, 0.0, x_ptr, x_ptr,
+                     in_ptr, cnt_ptr, target, B, N, K, R, BK, False, RESIDUAL, 0, WAIT, SPIN)
 
 
 @triton.jit
@@ -78,27 +62,8 @@ def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_p
 def lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, eps, cnt_ptr, target,
                 B: tl.constexpr, H: tl.constexpr, V: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
                 NT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
-    row_end = tl.minimum(t1 * R, V)
-    w0 = load_w(lm_ptr, t0 * R, row_end, H, 0, R, BK)
-    seen = target
-    if WAIT:
-        seen = wait_counter(cnt_ptr, target, SPIN)
-    xn0, rstd = load_xn(x_ptr, fnorm_ptr, eps, H, BK, True)
-    for t in range(t0, t1):
-        w_next = load_w(lm_ptr, (t + 1) * R, row_end, H, 0, R, BK)
-        rows = t * R + tl.arange(0, R)
-        for b in range(B):
-            if B > 1:
-                xn0, rstd = load_xn(x_ptr + b * H, fnorm_ptr, eps, H, BK, True)
-            acc = dot_rows(lm_ptr, w0, xn0, t * R, row_end, H, x_ptr + b * H, fnorm_ptr, rstd, True, R, BK)
-            tl.store(logits_ptr + b * V + rows, acc, mask=rows < row_end)
-            acc = tl.where(rows < row_end, acc, float("-inf"))
-            best = tl.max(acc, axis=0)
-            idx = tl.min(tl.where(acc == best, rows, 2147483647), axis=0)   # first maximum, as torch
-            tl.store(amax_v_ptr + b * NT + t, best)
-            tl.store(amax_i_ptr + b * NT + t, idx)
-        w0 = w_next
-    return seen
+    return gemv_tile(t0, t1, lm_ptr, x_ptr, fnorm_ptr, eps, logits_ptr, amax_v_ptr, amax_i_ptr, cnt_ptr, target,
+                     B, V, H, R, BK, True, ARGMAX, NT, WAIT, SPIN)
 
 
 @triton.jit

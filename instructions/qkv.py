@@ -12,31 +12,15 @@ import triton.language as tl
 
 from scheduler.ops import Op
 
-from .common import dot_rows, load_w, load_xn, wait_counter
+from .common import STORE, gemv_tile
 
 
 @triton.jit
 def qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, cnt_ptr, target,
              B: tl.constexpr, H: tl.constexpr, N: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
              WAIT: tl.constexpr, SPIN: tl.constexpr):
-    w_ptr = wqkv_ptr + tl.cast(layer, tl.int64) * (N * H)
-    nw_ptr = innorm_ptr + layer * H
-    row_end = tl.minimum(t1 * R, N)
-    w0 = load_w(w_ptr, t0 * R, row_end, H, 0, R, BK)     # weights first: they never wait
-    seen = target
-    if WAIT:
-        seen = wait_counter(cnt_ptr, target, SPIN)
-    xn0, rstd = load_xn(x_ptr, nw_ptr, eps, H, BK, True)
-    for t in range(t0, t1):
-        w_next = load_w(w_ptr, (t + 1) * R, row_end, H, 0, R, BK)
-        rows = t * R + tl.arange(0, R)
-        for b in range(B):
-            if B > 1:
-                xn0, rstd = load_xn(x_ptr + b * H, nw_ptr, eps, H, BK, True)
-            acc = dot_rows(w_ptr, w0, xn0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R, BK)
-            tl.store(qkv_ptr + b * N + rows, acc, mask=rows < row_end)
-        w0 = w_next
-    return seen
+    return gemv_tile(t0, t1, wqkv_ptr + tl.cast(layer, tl.int64) * (N * H), x_ptr, innorm_ptr + layer * H, eps,
+                     qkv_ptr, qkv_ptr, x_ptr, cnt_ptr, target, B, N, H, R, BK, True, STORE, 0, WAIT, SPIN)
 
 
 @triton.jit
