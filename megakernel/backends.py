@@ -74,7 +74,7 @@ def default_workers(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     if device.type == "npu":
-        return 1
+        return devices.npu_vector_cores(device)
     return 1    # the interpreter runs programs one after another: one worker runs the whole tape
 
 
@@ -93,8 +93,11 @@ class PersistentBackend:
 
     def __init__(self, mk, mode: str = "megakernel", num_workers: int | None = None,
                  strategy: str = "balanced", spin: int | None = None, num_warps: int = 4, trace: bool = False,
-                 workers_per_sm: int = 2, max_bk: int = MAX_BK, plan_overrides: dict | None = None):
+                 workers_per_sm: int = 2, max_bk: int = MAX_BK, plan_overrides: dict | None = None,
+                 prefetch_tape: bool | None = None):
         _check_kernel_device(mk, mode)
+        # triton-ascend cannot lower the vector tape fetch (tests/npu_lowering.py): scalar there
+        self.prefetch_tape = prefetch_tape if prefetch_tape is not None else mk.weights.device.type != "npu"
         self.plan_overrides = plan_overrides or {}
         from .kernel import megakernel
         self.kernel = megakernel
@@ -165,7 +168,8 @@ class PersistentBackend:
         p, st = self.plan, self.st
         w = st.w
         kwargs = dict(p.constexprs())
-        kwargs.update(NT_LM=p.tiles(Op.LMHEAD), SPIN=self.spin, TRACE=self.trace, num_warps=self.num_warps)
+        kwargs.update(NT_LM=p.tiles(Op.LMHEAD), SPIN=self.spin, TRACE=self.trace, PREFETCH_TAPE=self.prefetch_tape,
+                      num_warps=self.num_warps)
         if st.x.device.type == "cuda":
             kwargs["launch_cooperative_grid"] = True   # the driver refuses a grid that is not co-resident
         args = (self.words, self.lengths, self.counters, self.epoch, self.err, self.trace_buf,

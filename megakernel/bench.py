@@ -31,15 +31,33 @@ def log(msg: str):
     print(msg, file=sys.stderr, flush=True)
 
 
+def _accel(device):
+    """torch.cuda or torch.npu (the same Event/synchronize API), or None on the CPU."""
+    return {"cuda": torch.cuda, "npu": getattr(torch, "npu", None)}.get(device.type)
+
+
+IMPLEMENTATION = {   # what each backend name runs, per device type, reported in every result
+    "megakernel": "persistent kernel, counter waits",
+    "superkernel": "persistent kernel, grid-wide barrier between stages",
+    "per-op": "one launch per stage (phase launches)",
+    "cuda-graph": "per-op launches in one CUDA graph",
+    "torch-compile": "reference under torch.compile(mode='reduce-overhead')",
+    "hf": "transformers Qwen3ForCausalLM",
+    "reference": "torch reference, eager",
+}
+NPU_IMPLEMENTATION = {"superkernel": "TorchAir torchair.scope.super_kernel over the reference's decode step"}
+
+
 class Timer:
-    """Device-event timing on CUDA, wall clock elsewhere."""
+    """Device-event timing on an accelerator, wall clock on the CPU."""
 
     def __init__(self, device):
-        self.cuda = device.type == "cuda"
+        self.api = _accel(device)
+        self.cuda = self.api is not None
 
     def __enter__(self):
         if self.cuda:
-            self.a, self.b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.a, self.b = self.api.Event(enable_timing=True), self.api.Event(enable_timing=True)
             self.a.record()
         else:
             self.t = time.perf_counter()
@@ -58,7 +76,7 @@ class Timer:
 def copy_bandwidth_gbps(device) -> float | None:
     """Device-to-device copy, counting bytes read and written (what a decode step's reads are
     compared against)."""
-    if device.type != "cuda":
+    if _accel(device) is None:
         return None
     n = 1 << 28
     a = torch.empty(n, dtype=torch.uint8, device=device)
@@ -70,7 +88,7 @@ def copy_bandwidth_gbps(device) -> float | None:
         with Timer(device) as t:
             b.copy_(a)
         times.append(t)
-    torch.cuda.synchronize()
+    _sync(device)
     ms = statistics.median(t.ms() for t in times)
     return 2 * n / (ms * 1e-3) / 1e9
 
@@ -119,14 +137,15 @@ def run_backend(name, model, prompt, args, dev):
     B, N = prompt.shape[0], args.new_tokens
     res = {"backend": name}
     t0 = time.perf_counter()
-    if name in ("hf", "torch-compile"):
+    res["implementation"] = (NPU_IMPLEMENTATION if dev.type == "npu" else {}).get(name, IMPLEMENTATION[name])
+    if name in ("hf", "torch-compile") or (name == "superkernel" and dev.type == "npu"):
         tokens, times, prefill_ms, compile_s = _run_peer(name, model, prompt, args, dev)
     else:
         opts = {}
         if name == "megakernel" and args.trace:
             opts["trace"] = True
         mk = MegaQwen3(model, max_seq_len=args.max_seq_len, batch_size=B, backend=name, **opts)
-        for _ in range(max(1, args.warmup) if dev.type == "cuda" else 0):   # compile + warm up
+        for _ in range(max(1, args.warmup) if dev.type != "cpu" else 0):   # compile + warm up
             mk.prefill(prompt)
             mk.step()
         _sync(dev)
@@ -162,8 +181,8 @@ def _pct(xs, p):
 
 
 def _sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
+    if _accel(dev) is not None:
+        _accel(dev).synchronize()
 
 
 def _run_peer(name, model, prompt, args, dev):
@@ -171,7 +190,7 @@ def _run_peer(name, model, prompt, args, dev):
     t0 = time.perf_counter()
     if name == "hf":
         runner = HFRunner(model, B)
-        for _ in range(max(1, args.warmup) if dev.type == "cuda" else 0):
+        for _ in range(max(1, args.warmup) if dev.type != "cpu" else 0):
             runner.step(runner.prefill(prompt).argmax(-1))
         _sync(dev)
         compile_s = time.perf_counter() - t0
@@ -190,7 +209,10 @@ def _run_peer(name, model, prompt, args, dev):
         cfg, w = model.config, model.weights
         cache = KVCache.allocate(cfg, B, args.max_seq_len, w.dtype, w.device)
         ref = Qwen3Reference(cfg, w, cache)
-        fn = torch.compile(lambda tok: decode_static(cfg, w, cache, tok), mode="reduce-overhead", fullgraph=True)
+        if name == "superkernel":   # on an Ascend NPU: TorchAir's SuperKernel fusion of the whole step
+            fn = _torchair_superkernel(lambda tok: decode_static(cfg, w, cache, tok))
+        else:
+            fn = torch.compile(lambda tok: decode_static(cfg, w, cache, tok), mode="reduce-overhead", fullgraph=True)
         for _ in range(3):      # compile and record the graph
             cache.reset()
             fn(ref.prefill(list(prompt)).argmax(-1))
@@ -209,6 +231,23 @@ def _run_peer(name, model, prompt, args, dev):
             timers.append(t)
     _sync(dev)
     return torch.stack(out, 1).cpu(), [t.ms() for t in timers], tp.ms(), compile_s
+
+
+def _torchair_superkernel(step):
+    """The SuperKernel baseline on an Ascend NPU, written to TorchAir's documented API (not run
+    here: no NPU is reachable): the decode step compiled in static-graph mode with its body in one
+    ``torchair.scope.super_kernel`` scope, so the graph engine fuses its ops into one launch."""
+    import torchair
+    from torchair.configs.compiler_config import CompilerConfig
+
+    config = CompilerConfig()
+    config.mode = "max-autotune"        # static graph (GE) mode, which SuperKernel requires
+
+    def scoped(tok):
+        with torchair.scope.super_kernel("decode_step", ""):
+            return step(tok)
+    return torch.compile(scoped, backend=torchair.get_npu_backend(compiler_config=config), dynamic=False,
+                         fullgraph=True)
 
 
 def write_trace(backend, path):
@@ -334,8 +373,7 @@ def bench(args):
         out_results.append((plen, nbytes, floor_ms, rows))
     plen, nbytes, floor_ms, rows = out_results[0]
     result = {
-        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"{dev.type} (Triton interpreter: "
-                                                                              f"timings are not GPU timings)",
+        "device": _device_name(dev),
         "versions": versions(), "command": "python -m megakernel.bench " + " ".join(sys.argv[1:]),
         "model": args.model, "weights": "random" if model.random_weights else str(model.checkpoint),
         "dtype": str(model.dtype).replace("torch.", ""), "batch_size": args.batch_size, "prompt_len": plen,
@@ -349,6 +387,14 @@ def bench(args):
     for p, n, f, r in out_results:
         print_table(p, r)
     return result
+
+
+def _device_name(dev) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    if dev.type == "npu":
+        return f"Ascend NPU {torch.npu.get_device_name(dev)}"
+    return "cpu (Triton interpreter: timings are not GPU timings)"
 
 
 def print_card(r):

@@ -27,6 +27,24 @@ def npu_available() -> bool:
     return _NPU_AVAILABLE
 
 
+def npu_vector_cores(device) -> int:
+    """Vector cores of an Ascend NPU: the grid of a vector-only kernel maps onto them one program
+    per core, so this is the persistent kernel's worker count. Read from triton-ascend's driver
+    (the documented way), else from torch_npu's device properties."""
+    index = torch.device(device).index or 0
+    try:
+        import triton.runtime.driver as driver
+        return int(driver.active.utils.get_device_properties(index)["num_vectorcore"])
+    except Exception:
+        pass
+    props = torch.npu.get_device_properties(index)
+    cores = getattr(props, "vector_core_num", None)
+    if not cores:
+        raise RuntimeError("cannot read the NPU's vector core count (neither triton-ascend's driver nor "
+                           "torch_npu's device properties give it)")
+    return int(cores)
+
+
 def default_device() -> str:
     forced = os.environ.get("DEVICE")
     if forced:
@@ -53,7 +71,14 @@ def interpreted() -> bool:
 
 
 def resolve(device: str | torch.device | None) -> torch.device:
-    dev = torch.device(device if device is not None else default_device())
+    name = str(device if device is not None else default_device())
+    if name.split(":")[0] == "npu" and not npu_available():
+        # checked before torch.device(): torch only knows the "npu" type once torch_npu is imported
+        raise RuntimeError("device npu asked for, but torch_npu does not import or sees no NPU")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise RuntimeError(f"device {name!r} is not supported (use cpu, cuda or npu)") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device cuda asked for, but torch sees no CUDA GPU")
     if dev.type == "npu" and not npu_available():

@@ -38,8 +38,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def default_backend(device: torch.device) -> str:
-    """The backend used when --backend is not given."""
-    return "megakernel" if device.type == "cuda" else "reference"
+    """The backend used when --backend is not given: the megakernel on a GPU; on an Ascend NPU the
+    phase launches (per-op), since counter waits there are unverified (docs/npu.md); the reference
+    on the CPU, where the kernels run through the interpreter (slow)."""
+    return {"cuda": "megakernel", "npu": "per-op"}.get(device.type, "reference")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -139,7 +141,10 @@ def run(args) -> dict:
         raise UsageError(f"the prompt has {len(ids)} tokens; --max-seq-len {max_seq_len} leaves no room to "
                          f"generate")
     mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=1, backend=backend)
-    print(f"Backend {backend}; prompt {len(ids)} tokens; max_seq_len {max_seq_len}", file=sys.stderr)
+    mode = {"megakernel": "persistent kernel, counter waits", "superkernel": "persistent kernel, grid barriers",
+            "per-op": "phase launches, one per stage"}.get(backend)
+    print(f"Backend {backend}{f' ({mode})' if mode else ''}; prompt {len(ids)} tokens; max_seq_len {max_seq_len}",
+          file=sys.stderr)
     stops = stop_token_ids(model.checkpoint, cfg)
     stream = _Streamer(model.tokenizer, ids, stops)
     if not args.chat:

@@ -48,7 +48,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                R_LM: tl.constexpr, BK_H: tl.constexpr, BK_Q: tl.constexpr, BK_I: tl.constexpr,
                NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
                NSPLIT_PAD: tl.constexpr, BH: tl.constexpr, NT_LM: tl.constexpr,
-               SPIN: tl.constexpr, TRACE: tl.constexpr):
+               SPIN: tl.constexpr, TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr):
     pid = tl.program_id(0)
     n = tl.load(tape_len_ptr + pid)
     epoch = tl.load(epoch_ptr + pid)
@@ -59,16 +59,26 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
     row = tape_ptr + pid * max_len * 8
     nxt = tl.load(row + ar)
     while (i < n) & (failed == 0):
-        cur = nxt
-        # fetch the next instruction now: its load overlaps this one's work
-        nxt = tl.load(row + (i + 1) * 8 + ar, mask=(i + 1) * 8 + ar < max_len * 8, other=0)
-        op = tl.sum(tl.where(ar == 0, cur, 0), axis=0)
-        layer = tl.sum(tl.where(ar == 1, cur, 0), axis=0)
-        t0 = tl.sum(tl.where(ar == 2, cur, 0), axis=0)
-        t1 = tl.sum(tl.where(ar == 3, cur, 0), axis=0)
-        wc = tl.sum(tl.where(ar == 4, cur, 0), axis=0)
-        target = tl.sum(tl.where(ar == 5, cur, 0), axis=0) * (epoch + 1)
-        sc = tl.sum(tl.where(ar == 6, cur, 0), axis=0)
+        if PREFETCH_TAPE:
+            cur = nxt
+            # fetch the next instruction now: its load overlaps this one's work
+            nxt = tl.load(row + (i + 1) * 8 + ar, mask=(i + 1) * 8 + ar < max_len * 8, other=0)
+            op = tl.sum(tl.where(ar == 0, cur, 0), axis=0)
+            layer = tl.sum(tl.where(ar == 1, cur, 0), axis=0)
+            t0 = tl.sum(tl.where(ar == 2, cur, 0), axis=0)
+            t1 = tl.sum(tl.where(ar == 3, cur, 0), axis=0)
+            wc = tl.sum(tl.where(ar == 4, cur, 0), axis=0)
+            target = tl.sum(tl.where(ar == 5, cur, 0), axis=0) * (epoch + 1)
+            sc = tl.sum(tl.where(ar == 6, cur, 0), axis=0)
+        else:
+            # scalar fetch: triton-ascend's adapter cannot lower the loop-carried row above
+            op = tl.load(row + i * 8)
+            layer = tl.load(row + i * 8 + 1)
+            t0 = tl.load(row + i * 8 + 2)
+            t1 = tl.load(row + i * 8 + 3)
+            wc = tl.load(row + i * 8 + 4)
+            target = tl.load(row + i * 8 + 5) * (epoch + 1)
+            sc = tl.load(row + i * 8 + 6)
         cnt = counters_ptr + wc
         if TRACE:
             tl.store(trace_ptr + (pid * max_len + i) * 2, tl.extra.cuda.globaltimer())
