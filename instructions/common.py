@@ -7,8 +7,17 @@ thread and broadcasts through shared memory with a CTA barrier; loads of activat
 other programs in the same launch then use ``cache_modifier=".cg"`` (L2, never a stale L1 line).
 """
 
+import importlib.util
+
 import triton
 import triton.language as tl
+
+# triton-ascend (it replaces Triton's package) supports only acq_rel atomics on the NPU; elsewhere
+# the weaker, cheaper orders are used: a consumer's poll acquires, a producer's signal releases.
+ASCEND = importlib.util.find_spec("triton.backends.ascend") is not None
+ACQUIRE: tl.constexpr = tl.constexpr("acq_rel" if ASCEND else "acquire")
+RELEASE: tl.constexpr = tl.constexpr("acq_rel" if ASCEND else "release")
+RELAXED: tl.constexpr = tl.constexpr("acq_rel" if ASCEND else "relaxed")
 
 
 @triton.jit
@@ -16,10 +25,10 @@ def wait_counter(cnt_ptr, target, SPIN: tl.constexpr):
     """Spin until ``*cnt_ptr >= target`` or SPIN polls have passed; returns the last value seen
     (the caller reports a timeout when it is below target). Bounded so that a broken tape ends in
     an error, never a hung GPU."""
-    seen = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+    seen = tl.atomic_add(cnt_ptr, 0, sem=ACQUIRE, scope="gpu")
     it = 0
     while (seen < target) & (it < SPIN):
-        seen = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+        seen = tl.atomic_add(cnt_ptr, 0, sem=ACQUIRE, scope="gpu")
         it += 1
     return seen
 

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from instructions.argmax import argmax_tile
 from instructions.attention import attn_tile
-from instructions.common import wait_counter
+from instructions.common import RELAXED, RELEASE, wait_counter
 from instructions.embed import embed_tile
 from instructions.matvec import gateup_tile, lmhead_tile, residual_tile
 from instructions.qkv import qkv_tile
@@ -54,7 +54,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
     epoch = tl.load(epoch_ptr + pid)
     QKV_N: tl.constexpr = (HQ + 2 * HKV) * D
     i = 0
-    failed = tl.atomic_add(err_ptr, 0, sem="relaxed", scope="gpu")   # a failed earlier step stays failed
+    failed = tl.atomic_add(err_ptr, 0, sem=RELAXED, scope="gpu")   # a failed earlier step stays failed
     ar = tl.arange(0, 8)
     row = tape_ptr + pid * max_len * 8
     nxt = tl.load(row + ar)
@@ -110,7 +110,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
         elif op == OP_BARRIER:
             # superkernel: arrive, then wait for every worker (a grid-wide barrier)
             tl.debug_barrier()
-            tl.atomic_add(cnt, 1, sem="release", scope="gpu")
+            tl.atomic_add(cnt, 1, sem=RELEASE, scope="gpu")
             seen = wait_counter(cnt, target, SPIN)
         tl.debug_barrier()    # every thread's stores issued before the release below
         if seen < target:
@@ -120,10 +120,10 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
             tl.store(err_ptr + 2 + pid * 4, wc)
             tl.store(err_ptr + 3 + pid * 4, target)
             tl.store(err_ptr + 4 + pid * 4, seen)
-            tl.atomic_xchg(err_ptr, 1, sem="release", scope="gpu")
+            tl.atomic_xchg(err_ptr, 1, sem=RELEASE, scope="gpu")
             failed = 1
         elif (sc >= 0) & (op != OP_BARRIER):    # a barrier has already arrived on its counter
-            tl.atomic_add(counters_ptr + sc, 1, sem="release", scope="gpu")
+            tl.atomic_add(counters_ptr + sc, 1, sem=RELEASE, scope="gpu")
         if TRACE:
             tl.store(trace_ptr + (pid * max_len + i) * 2 + 1, tl.extra.cuda.globaltimer())
         i += 1
