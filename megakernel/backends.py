@@ -10,7 +10,6 @@ All four run the same tile functions (``instructions/``) over the same scratch b
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -327,7 +326,3 @@ def make_kernel_backend(name: str, mk, **options):
     if name == "cuda-graph":
         return PerOpBackend(mk, graph=True, **options)
     raise ValueError(name)
-
-
-def log(msg):
-    print(msg, file=sys.stderr)
