@@ -132,46 +132,74 @@ class HFRunner:
 
 
 def run_backend(name, model, prompt, args, dev):
-    """Prefill once, time ``new_tokens`` greedy decode steps; returns (result dict, tokens [B, N])."""
-    from . import MegaQwen3
-    B, N = prompt.shape[0], args.new_tokens
+    """Set up backend ``name``, then time one prefill and ``new_tokens - 1`` greedy decode steps;
+    returns (result dict, tokens [B, N])."""
+    B = prompt.shape[0]
     res = {"backend": name}
-    t0 = time.perf_counter()
     res["implementation"] = (NPU_IMPLEMENTATION if dev.type == "npu" else {}).get(name, IMPLEMENTATION[name])
-    if name in ("hf", "torch-compile") or (name == "superkernel" and dev.type == "npu"):
-        tokens, times, prefill_ms, compile_s = _run_peer(name, model, prompt, args, dev)
+    t0 = time.perf_counter()
+    warmup = max(1, args.warmup) if dev.type != "cpu" else 0   # compile and warm up on an accelerator
+    finish = None
+    if name == "hf":
+        runner = HFRunner(model, B)
+        prefill = lambda: runner.prefill(prompt).argmax(-1)  # noqa: E731
+        step = lambda tok: runner.step(tok).argmax(-1)  # noqa: E731
+    elif name == "torch-compile" or (name == "superkernel" and dev.type == "npu"):
+        from models.qwen3.reference import KVCache, Qwen3Reference, decode_static
+        cfg, w = model.config, model.weights
+        cache = KVCache.allocate(cfg, B, args.max_seq_len, w.dtype, w.device)
+        ref = Qwen3Reference(cfg, w, cache)
+        body = lambda tok: decode_static(cfg, w, cache, tok)  # noqa: E731
+        if name == "superkernel":   # on an Ascend NPU: TorchAir's SuperKernel fusion of the whole step
+            fn = _torchair_superkernel(body)
+        else:
+            fn = torch.compile(body, mode="reduce-overhead", fullgraph=True)
+        prefill = lambda: (cache.reset(), ref.prefill(list(prompt)).argmax(-1))[1]  # noqa: E731
+        step = lambda tok: fn(tok).argmax(-1).clone()  # noqa: E731
+        warmup = 3      # compile and record the graph, on any device
     else:
-        opts = {}
-        if name == "megakernel" and args.trace:
-            opts["trace"] = True
+        from . import MegaQwen3
+        opts = {"trace": True} if name == "megakernel" and args.trace else {}
         mk = MegaQwen3(model, max_seq_len=args.max_seq_len, batch_size=B, backend=name, **opts)
-        for _ in range(max(1, args.warmup) if dev.type != "cpu" else 0):   # compile + warm up
-            mk.prefill(prompt)
-            mk.step()
-        _sync(dev)
-        compile_s = time.perf_counter() - t0
-        with Timer(dev) as tp:
-            mk.prefill(prompt)
-        _sync(dev)
-        prefill_ms = tp.ms()
-        out, timers = [mk.tokens.long()], []
-        for _ in range(N - 1):
-            with Timer(dev) as t:
-                out.append(mk.step())
-            timers.append(t)
-        _sync(dev)
-        if hasattr(mk.backend, "synchronize"):
-            mk.backend.synchronize()
-        times = [t.ms() for t in timers]
-        tokens = torch.stack(out, 1).cpu()
-        if name == "megakernel" and args.trace:
-            write_trace(mk.backend, args.trace)
+        prefill = lambda: (mk.prefill(prompt), mk.tokens.long())[1]  # noqa: E731
+        step = lambda tok: mk.step()  # noqa: E731
+
+        def finish_kernel():
+            if hasattr(mk.backend, "synchronize"):
+                mk.backend.synchronize()     # raises a timed-out wait of the last steps
+            if name == "megakernel" and args.trace:
+                write_trace(mk.backend, args.trace)
+        finish = finish_kernel
+    tokens, times, prefill_ms, setup_s = _time_decode(prefill, step, args.new_tokens, warmup, dev, t0)
+    if finish is not None:
+        finish()
     times.sort()
     med = statistics.median(times) if times else None
-    res.update(prefill_ms=prefill_ms, setup_s=round(compile_s, 2),
+    res.update(prefill_ms=prefill_ms, setup_s=round(setup_s, 2),
                ms_per_token_median=med, ms_per_token_p10=_pct(times, 10), ms_per_token_p90=_pct(times, 90),
                tokens_per_s=B * 1e3 / med if med else None)
     return res, tokens
+
+
+def _time_decode(prefill, step, n, warmup, dev, t0):
+    """Warm up, then time one prefill and n - 1 steps with device events. ``prefill()`` returns the
+    first tokens [B]; ``step(tok)`` the next. Returns (tokens [B, n], step ms, prefill ms, setup s
+    since ``t0``)."""
+    for _ in range(warmup):
+        step(prefill())
+    _sync(dev)
+    setup_s = time.perf_counter() - t0
+    with Timer(dev) as tp:
+        tok = prefill()
+    _sync(dev)
+    out, timers = [tok], []
+    for _ in range(n - 1):
+        with Timer(dev) as t:
+            tok = step(tok)
+        out.append(tok)
+        timers.append(t)
+    _sync(dev)
+    return torch.stack(out, 1).cpu(), [t.ms() for t in timers], tp.ms(), setup_s
 
 
 def _pct(xs, p):
@@ -183,54 +211,6 @@ def _pct(xs, p):
 def _sync(dev):
     if _accel(dev) is not None:
         _accel(dev).synchronize()
-
-
-def _run_peer(name, model, prompt, args, dev):
-    B, N = prompt.shape[0], args.new_tokens
-    t0 = time.perf_counter()
-    if name == "hf":
-        runner = HFRunner(model, B)
-        for _ in range(max(1, args.warmup) if dev.type != "cpu" else 0):
-            runner.step(runner.prefill(prompt).argmax(-1))
-        _sync(dev)
-        compile_s = time.perf_counter() - t0
-        with Timer(dev) as tp:
-            logits = runner.prefill(prompt)
-        _sync(dev)
-        tok = logits.argmax(-1)
-        out, timers = [tok], []
-        for _ in range(N - 1):
-            with Timer(dev) as t:
-                tok = runner.step(tok).argmax(-1)
-            out.append(tok)
-            timers.append(t)
-    else:
-        from models.qwen3.reference import KVCache, Qwen3Reference, decode_static
-        cfg, w = model.config, model.weights
-        cache = KVCache.allocate(cfg, B, args.max_seq_len, w.dtype, w.device)
-        ref = Qwen3Reference(cfg, w, cache)
-        if name == "superkernel":   # on an Ascend NPU: TorchAir's SuperKernel fusion of the whole step
-            fn = _torchair_superkernel(lambda tok: decode_static(cfg, w, cache, tok))
-        else:
-            fn = torch.compile(lambda tok: decode_static(cfg, w, cache, tok), mode="reduce-overhead", fullgraph=True)
-        for _ in range(3):      # compile and record the graph
-            cache.reset()
-            fn(ref.prefill(list(prompt)).argmax(-1))
-        _sync(dev)
-        compile_s = time.perf_counter() - t0
-        cache.reset()
-        with Timer(dev) as tp:
-            logits = ref.prefill(list(prompt))
-        _sync(dev)
-        tok = logits.argmax(-1)
-        out, timers = [tok], []
-        for _ in range(N - 1):
-            with Timer(dev) as t:
-                tok = fn(tok).argmax(-1).clone()
-            out.append(tok)
-            timers.append(t)
-    _sync(dev)
-    return torch.stack(out, 1).cpu(), [t.ms() for t in timers], tp.ms(), compile_s
 
 
 def _torchair_superkernel(step):
