@@ -78,6 +78,23 @@ def _attend(q, k, v, mask, group):
     return torch.matmul(probs, v)
 
 
+def _qkv(cfg: Qwen3Config, w: Qwen3Weights, l: int, x: torch.Tensor, cos, sin):
+    """Layer l's q, k (normed per head, then rotated) and v for rows x [N, H]: [N, heads, D] each;
+    cos/sin broadcast against [N, 1, D]."""
+    N, D = x.shape[0], cfg.head_dim
+    h = rmsnorm(x, w.input_norm[l], cfg.rms_norm_eps)
+    q, k, v = (h @ w.wqkv[l].T).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+    q = apply_rope(rmsnorm(q.view(N, -1, D), w.q_norm[l], cfg.rms_norm_eps), cos, sin)
+    k = apply_rope(rmsnorm(k.view(N, -1, D), w.k_norm[l], cfg.rms_norm_eps), cos, sin)
+    return q, k, v.view(N, -1, D)
+
+
+def _mlp_residual(cfg: Qwen3Config, w: Qwen3Weights, l: int, x: torch.Tensor) -> torch.Tensor:
+    h = rmsnorm(x, w.post_norm[l], cfg.rms_norm_eps)
+    gate, up = (h @ w.wgate_up[l].T).split(cfg.intermediate_size, dim=-1)
+    return x + (F.silu(gate) * up) @ w.wdown[l].T
+
+
 def forward_tokens(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, b: int, ids: torch.Tensor,
                    start: int, all_logits: bool = False) -> torch.Tensor:
     """Run tokens ``ids`` [T] of sequence ``b`` at positions start..start+T-1, appending their keys
@@ -85,26 +102,20 @@ def forward_tokens(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, b: int, id
     T = ids.shape[0]
     if start + T > cache.max_seq_len:
         raise ValueError(f"sequence {b}: {start + T} positions exceed max_seq_len {cache.max_seq_len}")
-    Hq, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    D = cfg.head_dim
     pos = torch.arange(start, start + T, device=ids.device)
     cos, sin = rope_cos_sin(pos, D, cfg.rope_theta, w.dtype)
     key_pos = torch.arange(start + T, device=ids.device)
     mask = key_pos[None, :] <= pos[:, None]
     x = w.embed[ids]                                              # [T, H]
     for l in range(cfg.num_hidden_layers):
-        h = rmsnorm(x, w.input_norm[l], cfg.rms_norm_eps)
-        qkv = h @ w.wqkv[l].T                                     # [T, (Hq + 2 Hkv) D]
-        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = rmsnorm(q.view(T, Hq, D), w.q_norm[l], cfg.rms_norm_eps).transpose(0, 1)
-        k = rmsnorm(k.view(T, Hkv, D), w.k_norm[l], cfg.rms_norm_eps).transpose(0, 1)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        cache.k[l, b, :, start:start + T] = k
-        cache.v[l, b, :, start:start + T] = v.view(T, Hkv, D).transpose(0, 1)
-        o = _attend(q, cache.k[l, b, :, :start + T], cache.v[l, b, :, :start + T], mask, cfg.group_size)
+        q, k, v = _qkv(cfg, w, l, x, cos[:, None], sin[:, None])        # [T, heads, D]
+        cache.k[l, b, :, start:start + T] = k.transpose(0, 1)
+        cache.v[l, b, :, start:start + T] = v.transpose(0, 1)
+        o = _attend(q.transpose(0, 1), cache.k[l, b, :, :start + T], cache.v[l, b, :, :start + T], mask,
+                    cfg.group_size)
         x = x + o.transpose(0, 1).reshape(T, cfg.q_size) @ w.wo[l].T
-        h = rmsnorm(x, w.post_norm[l], cfg.rms_norm_eps)
-        gate, up = (h @ w.wgate_up[l].T).split(cfg.intermediate_size, dim=-1)
-        x = x + (F.silu(gate) * up) @ w.wdown[l].T
+        x = _mlp_residual(cfg, w, l, x)
     x = rmsnorm(x if all_logits else x[-1:], w.final_norm, cfg.rms_norm_eps)
     logits = (x @ w.lm_head.T).float()
     return logits if all_logits else logits[0]
@@ -150,7 +161,7 @@ def decode_static(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, tokens: tor
     ``torch.compile``): token b goes at position lengths[b]; attention masks the full cache.
     Returns float32 logits [B, V] and advances ``cache.lengths``."""
     B = tokens.shape[0]
-    Hq, Hkv, D, S = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cache.max_seq_len
+    D, S = cfg.head_dim, cache.max_seq_len
     pos = cache.lengths.long()                                    # [B]
     cos, sin = rope_cos_sin(pos, D, cfg.rope_theta, w.dtype)      # [B, D]
     cos, sin = cos[:, None], sin[:, None]
@@ -158,12 +169,9 @@ def decode_static(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, tokens: tor
     bidx = torch.arange(B, device=tokens.device)
     x = w.embed[tokens.long()]                                    # [B, H]
     for l in range(cfg.num_hidden_layers):
-        h = rmsnorm(x, w.input_norm[l], cfg.rms_norm_eps)
-        q, k, v = (h @ w.wqkv[l].T).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = apply_rope(rmsnorm(q.view(B, Hq, D), w.q_norm[l], cfg.rms_norm_eps), cos, sin)
-        k = apply_rope(rmsnorm(k.view(B, Hkv, D), w.k_norm[l], cfg.rms_norm_eps), cos, sin)
+        q, k, v = _qkv(cfg, w, l, x, cos, sin)                           # [B, heads, D]
         cache.k[l][bidx, :, pos] = k
-        cache.v[l][bidx, :, pos] = v.view(B, Hkv, D)
+        cache.v[l][bidx, :, pos] = v
         kk = cache.k[l].repeat_interleave(cfg.group_size, dim=1)  # [B, Hq, S, D]
         vv = cache.v[l].repeat_interleave(cfg.group_size, dim=1)
         scores = torch.einsum("bhd,bhsd->bhs", q, kk) * D ** -0.5
@@ -171,9 +179,7 @@ def decode_static(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, tokens: tor
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
         o = torch.einsum("bhs,bhsd->bhd", probs, vv).reshape(B, cfg.q_size)
         x = x + o @ w.wo[l].T
-        h = rmsnorm(x, w.post_norm[l], cfg.rms_norm_eps)
-        gate, up = (h @ w.wgate_up[l].T).split(cfg.intermediate_size, dim=-1)
-        x = x + (F.silu(gate) * up) @ w.wdown[l].T
+        x = _mlp_residual(cfg, w, l, x)
     logits = (rmsnorm(x, w.final_norm, cfg.rms_norm_eps) @ w.lm_head.T).float()
     cache.lengths += 1
     return logits
