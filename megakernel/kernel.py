@@ -47,7 +47,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                R_QKV: tl.constexpr, R_O: tl.constexpr, R_GU: tl.constexpr, R_DOWN: tl.constexpr,
                R_LM: tl.constexpr, BK_H: tl.constexpr, BK_Q: tl.constexpr, BK_I: tl.constexpr,
                NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
-               NSPLIT_PAD: tl.constexpr, BH: tl.constexpr, NT_LM: tl.constexpr,
+               NSPLIT_PAD: tl.constexpr, NT_LM: tl.constexpr,
                SPIN: tl.constexpr, TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr):
     pid = tl.program_id(0)
     n = tl.load(tape_len_ptr + pid)
@@ -57,7 +57,8 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
     failed = tl.atomic_add(err_ptr, 0, sem=RELAXED, scope="gpu")   # a failed earlier step stays failed
     ar = tl.arange(0, 8)
     row = tape_ptr + pid * max_len * 8
-    nxt = tl.load(row + ar)
+    if PREFETCH_TAPE:
+        nxt = tl.load(row + ar)
     while (i < n) & (failed == 0):
         if PREFETCH_TAPE:
             cur = nxt

@@ -100,7 +100,6 @@ class Plan:
     D_PAD: int
     G_PAD: int
     NSPLIT_PAD: int
-    BH: int         # hidden padded to a power of two (embedding, norms)
 
     @property
     def QKV_ROWS(self) -> int:
@@ -160,8 +159,7 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         R_GU=max(1, _rows(I, H, workers, max_bk=max_bk) // 2), R_DOWN=_rows(H, I, workers, max_bk=max_bk),
         R_LM=lm_rows or _rows(cfg.vocab_size, H, workers, cap=16, max_bk=max_bk),
         BK_H=_block_k(H, max_bk), BK_Q=_block_k(cfg.q_size, max_bk), BK_I=_block_k(I, max_bk),
-        NSPLIT=nsplit, BLOCK_S=block_s, D_PAD=d_pad, G_PAD=g_pad, NSPLIT_PAD=next_pow2(nsplit),
-        BH=next_pow2(H))
+        NSPLIT=nsplit, BLOCK_S=block_s, D_PAD=d_pad, G_PAD=g_pad, NSPLIT_PAD=next_pow2(nsplit))
 
 
 def cost(plan: Plan, op: Op, ntiles: int, itemsize: int = 2) -> int:
