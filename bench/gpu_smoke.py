@@ -20,6 +20,7 @@ ap.add_argument("--steps", type=int, default=64)
 ap.add_argument("--prompt-len", type=int, default=128)
 ap.add_argument("--backends", default="per-op,megakernel,superkernel,cuda-graph,reference")
 ap.add_argument("--model", default="0.6b")
+ap.add_argument("--trace-dir", default=None, help="variants with trace=1 write <dir>/<variant>.json")
 args = ap.parse_args()
 print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), flush=True)
 t = time.time()
@@ -32,7 +33,8 @@ for be in args.backends.split(","):
     try:
         t = time.time()
         name, *kv = be.split(":")
-        keys = {"nw": "num_warps", "wps": "workers_per_sm", "bk": "max_bk"}
+        keys = {"nw": "num_warps", "wps": "workers_per_sm", "bk": "max_bk", "fuse": "fuse_mlp", "pf": "l2_prefetch"}
+        keys["trace"] = "trace"
         opts = {keys[k]: int(v) for k, v in (x.split("=") for x in kv) if k in keys}
         plan = {k: int(v) for k, v in (x.split("=") for x in kv) if k not in keys}
         if plan:
@@ -57,6 +59,10 @@ for be in args.backends.split(","):
         res[be] = toks
         print(f"{be}: median {ms[len(ms)//2]:.3f} ms/token p10 {ms[len(ms)//10]:.3f} p90 {ms[9*len(ms)//10]:.3f}",
               flush=True)
+        if opts.get("trace") and args.trace_dir:
+            from megakernel.bench import write_trace
+            os.makedirs(args.trace_dir, exist_ok=True)
+            write_trace(mk.backend, os.path.join(args.trace_dir, be.replace(":", "_").replace("=", "") + ".json"))
         if name in ("megakernel", "superkernel"):
             k = mk.backend
             print(f"  workers {k.tape.num_workers} plan {k.plan}", flush=True)

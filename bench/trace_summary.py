@@ -11,7 +11,7 @@ import argparse
 import json
 from collections import defaultdict
 
-STAGES = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN")
+STAGES = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN", "MLP")
 
 
 def main():
@@ -37,6 +37,8 @@ def main():
     for layer in (int(x) for x in args.layers.split(",")):
         prev = None
         for op in STAGES:
+            if (op, layer) not in bounds:
+                continue
             start, end = bounds[(op, layer)]
             gap = f"  +{end - prev:.1f} after the previous stage" if prev is not None else ""
             print(f"layer {layer} {op:7} first start {start:8.1f} last end {end:8.1f}{gap}")

@@ -154,6 +154,8 @@ def main(argv=None):
     ap.add_argument("--num-warps", type=int, default=4)
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=N",
                     help="override a tile-plan field, e.g. --set R_GU=16 (repeatable)")
+    ap.add_argument("--option", action="append", default=[], metavar="NAME=N",
+                    help="a backend option, e.g. --option l2_prefetch=2 --option fuse_mlp=1 (repeatable)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -163,7 +165,8 @@ def main(argv=None):
     os.environ.setdefault("DEVICE", "cuda")
     overrides = {k: int(v) for k, v in (x.split("=", 1) for x in args.set)}
     report = compile_all(args.model, args.workers, args.batch_size, args.max_seq_len, args.arch,
-                         num_warps=args.num_warps, plan_overrides=overrides)
+                         num_warps=args.num_warps, plan_overrides=overrides,
+                         **{k: int(v) for k, v in (x.split("=", 1) for x in args.option)})
     for r in report:
         if r["ok"]:
             print(f"{r['kernel']:<16} ok    warps {r['num_warps']}  shared {r['shared']}  regs {r['n_regs']}  "
