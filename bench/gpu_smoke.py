@@ -33,7 +33,7 @@ for be in args.backends.split(","):
     try:
         t = time.time()
         name, *kv = be.split(":")
-        keys = {"nw": "num_warps", "wps": "workers_per_sm", "bk": "max_bk", "fuse": "fuse_mlp", "pf": "l2_prefetch"}
+        keys = {"nw": "num_warps", "wps": "workers_per_sm", "bk": "max_bk"}
         keys["trace"] = "trace"
         opts = {keys[k]: int(v) for k, v in (x.split("=") for x in kv) if k in keys}
         plan = {k: int(v) for k, v in (x.split("=") for x in kv) if k not in keys}

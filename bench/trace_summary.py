@@ -11,7 +11,7 @@ import argparse
 import json
 from collections import defaultdict
 
-STAGES = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN", "MLP")
+STAGES = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN")
 
 
 def main():

@@ -92,7 +92,6 @@ def dot_rows(w_ptr, w0, xn0, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, rstd
 STORE: tl.constexpr = tl.constexpr(0)      # out[b, rows] = acc
 RESIDUAL: tl.constexpr = tl.constexpr(1)   # out[b, rows] += acc
 ARGMAX: tl.constexpr = tl.constexpr(2)     # out[b, rows] = acc; per tile (max, first argmax) into aux
-RESIDUAL_COPY: tl.constexpr = tl.constexpr(3)   # out[b, rows] += acc, and the sum also into aux_v
 
 
 @triton.jit
@@ -114,15 +113,10 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr,
         for b in range(B):
             if B > 1:
                 xn0, rstd = load_xn(in_ptr + b * K, nw_ptr, eps, K, BK, NORM)
-            if (EPI == RESIDUAL) or (EPI == RESIDUAL_COPY):
-                # issued before the product so that it is in flight together with the input's load
-                res = tl.load(out_ptr + b * N + rows, mask=rows < row_end, other=0.0, cache_modifier=".cg")
             acc = dot_rows(w_ptr, w0, xn0, t * R, row_end, K, in_ptr + b * K, nw_ptr, rstd, NORM, R, BK)
-            if (EPI == RESIDUAL) or (EPI == RESIDUAL_COPY):
-                acc += res
+            if EPI == RESIDUAL:
+                acc += tl.load(out_ptr + b * N + rows, mask=rows < row_end, other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + b * N + rows, acc, mask=rows < row_end)
-            if EPI == RESIDUAL_COPY:
-                tl.store(aux_v_ptr + b * N + rows, acc, mask=rows < row_end)
             if EPI == ARGMAX:
                 acc = tl.where(rows < row_end, acc, float("-inf"))
                 best = tl.max(acc, axis=0)
@@ -131,17 +125,3 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr,
                 tl.store(aux_i_ptr + b * NT + t, idx)
         w0 = w_next
     return seen
-
-
-@triton.jit
-def l2_prefetch(base, count, LINES: tl.constexpr):
-    """Ask L2 to fetch elements [0, count) from ``base`` ahead of their use, one 128-byte line per
-    lane, kept with evict_last priority until the real load (evict_first) takes them. CUDA only
-    (PTX ``prefetch.global.L2::evict_last``): it changes timing, never results."""
-    EPL: tl.constexpr = 128 // (base.dtype.element_ty.primitive_bitwidth // 8)
-    ln = tl.arange(0, LINES)
-    nlines = tl.cdiv(count, EPL)
-    for l0 in range(0, nlines, LINES):
-        idx = tl.minimum(l0 + ln, nlines - 1) * EPL
-        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l", [base + idx],
-                                  dtype=tl.int32, is_pure=False, pack=1)

@@ -1,11 +1,8 @@
-"""OPROJ, GATEUP, DOWN, MLP, LMHEAD: the row-block GEMVs after attention, each with its epilogue.
+"""OPROJ, GATEUP, DOWN, LMHEAD: the row-block GEMVs after attention, each with its epilogue.
 
-- OPROJ  x[b] += Wo[layer] @ attn[b]                          (``o_proj`` + residual; with the
-         fused MLP also xm[b] = x[b])
+- OPROJ  x[b] += Wo[layer] @ attn[b]                          (``o_proj`` + residual)
 - GATEUP act[b] = silu(Wg h) * (Wu h), h = rmsnorm(x[b])*w   (``post_attention_layernorm`` + MLP in)
 - DOWN   x[b] += Wd[layer] @ act[b]                           (``down_proj`` + residual)
-- MLP    GATEUP and DOWN in one tile over intermediate channels, the down partials added into x
-         with atomics (``plan.FUSE_MLP``)
 - LMHEAD logits[b] = Wlm @ rmsnorm(x[b])*w_final, and per tile (max, first argmax) for ARGMAX
 
 Qwen3-0.6B per layer: Wo [1024, 2048], Wg|Wu [6144, 1024], Wd [1024, 3072] bf16; the LM head
@@ -19,66 +16,16 @@ import triton.language as tl
 
 from scheduler.ops import Op
 
-from .common import ARGMAX, RELAXED, RESIDUAL, RESIDUAL_COPY, dot_rows, gemv_tile, load_w, load_xn, wait_counter
+from .common import ARGMAX, RESIDUAL, dot_rows, gemv_tile, load_w, load_xn, wait_counter
 
 
 @triton.jit
-def residual_tile(t0, t1, layer, in_ptr, w_base, x_ptr, xm_ptr, cnt_ptr, target,
+def residual_tile(t0, t1, layer, in_ptr, w_base, x_ptr, cnt_ptr, target,
                   B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-                  COPY: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
-    """x[b, rows] += W[layer, rows] @ in[b] (OPROJ with in = attn, DOWN with in = act); with COPY
-    the new rows also go to xm (the fused MLP reads xm while it adds into x)."""
-    w_ptr = w_base + tl.cast(layer, tl.int64) * (N * K)
-    if COPY:
-        return gemv_tile(t0, t1, w_ptr, in_ptr, in_ptr, 0.0, x_ptr, xm_ptr, in_ptr, cnt_ptr, target,
-                         B, N, K, R, BK, False, RESIDUAL_COPY, 0, WAIT, SPIN)
-    else:
-        return gemv_tile(t0, t1, w_ptr, in_ptr, in_ptr, 0.0, x_ptr, x_ptr, in_ptr, cnt_ptr, target,
-                         B, N, K, R, BK, False, RESIDUAL, 0, WAIT, SPIN)
-
-
-@triton.jit
-def mlp_tile(t0, t1, layer, xm_ptr, wgu_ptr, wdt_ptr, postnorm_ptr, x_ptr, eps, cnt_ptr, target,
-             B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-             WAIT: tl.constexpr, SPIN: tl.constexpr):
-    """MLP: x[b] += Wd[:, c] @ (silu(Wg[c] h) * (Wu[c] h)), h = rmsnorm(xm[b]) * post_norm, for the
-    R intermediate channels c of each tile: gate/up and down fused, one dependent step instead of
-    two. Wd comes transposed (``wdt`` [L, I, H]) so a tile's channels are R contiguous rows. Each
-    tile adds its partial [H] into x with float atomics; x equals xm when the stage starts (the O
-    projection wrote both), and xm is what every tile normalises."""
-    g_ptr = wgu_ptr + tl.cast(layer, tl.int64) * (2 * I * H)
-    u_ptr = g_ptr + I * H
-    d_ptr = wdt_ptr + tl.cast(layer, tl.int64) * (I * H)
-    nw_ptr = postnorm_ptr + layer * H
-    row_end = tl.minimum(t1 * R, I)
-    kk = tl.arange(0, BK)
-    g0 = load_w(g_ptr, t0 * R, row_end, H, 0, R, BK)
-    u0 = load_w(u_ptr, t0 * R, row_end, H, 0, R, BK)
-    d0 = load_w(d_ptr, t0 * R, row_end, H, 0, R, BK)
-    seen = target
-    if WAIT:
-        seen = wait_counter(cnt_ptr, target, SPIN)
-    xn0, rstd = load_xn(xm_ptr, nw_ptr, eps, H, BK, True)
-    for t in range(t0, t1):
-        g_next = load_w(g_ptr, (t + 1) * R, row_end, H, 0, R, BK)
-        u_next = load_w(u_ptr, (t + 1) * R, row_end, H, 0, R, BK)
-        d_next = load_w(d_ptr, (t + 1) * R, row_end, H, 0, R, BK)
-        for b in range(B):
-            if B > 1:
-                xn0, rstd = load_xn(xm_ptr + b * H, nw_ptr, eps, H, BK, True)
-            gate = dot_rows(g_ptr, g0, xn0, t * R, row_end, H, xm_ptr + b * H, nw_ptr, rstd, True, R, BK)
-            up = dot_rows(u_ptr, u0, xn0, t * R, row_end, H, xm_ptr + b * H, nw_ptr, rstd, True, R, BK)
-            act = gate / (1.0 + tl.exp(-gate)) * up          # masked channels: 0
-            part = tl.sum(d0.to(tl.float32) * act[:, None], axis=0)
-            tl.atomic_add(x_ptr + b * H + kk, part, mask=kk < H, sem=RELAXED, scope="gpu")
-            for k0 in range(BK, H, BK):
-                d = load_w(d_ptr, t * R, row_end, H, k0, R, BK)
-                part = tl.sum(d.to(tl.float32) * act[:, None], axis=0)
-                tl.atomic_add(x_ptr + b * H + k0 + kk, part, mask=k0 + kk < H, sem=RELAXED, scope="gpu")
-        g0 = g_next
-        u0 = u_next
-        d0 = d_next
-    return seen
+                  WAIT: tl.constexpr, SPIN: tl.constexpr):
+    """x[b, rows] += W[layer, rows] @ in[b] (OPROJ with in = attn, DOWN with in = act)."""
+    return gemv_tile(t0, t1, w_base + tl.cast(layer, tl.int64) * (N * K), in_ptr, in_ptr, 0.0, x_ptr, x_ptr,
+                     in_ptr, cnt_ptr, target, B, N, K, R, BK, False, RESIDUAL, 0, WAIT, SPIN)
 
 
 @triton.jit
@@ -120,19 +67,10 @@ def lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i
 
 
 @triton.jit
-def oproj_kernel(layer, attn_ptr, wo_ptr, x_ptr, xm_ptr, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                 R: tl.constexpr, BK: tl.constexpr, COPY: tl.constexpr):
+def oproj_kernel(layer, attn_ptr, wo_ptr, x_ptr, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+                 R: tl.constexpr, BK: tl.constexpr):
     pid = tl.program_id(0)
-    residual_tile(pid, pid + 1, layer, attn_ptr, wo_ptr, x_ptr, xm_ptr, attn_ptr, 0, B, N, K, R, BK, COPY,
-                  False, 0)
-
-
-@triton.jit
-def mlp_kernel(layer, xm_ptr, wgu_ptr, wdt_ptr, postnorm_ptr, x_ptr, eps, B: tl.constexpr, H: tl.constexpr,
-               I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
-    pid = tl.program_id(0)
-    mlp_tile(pid, pid + 1, layer, xm_ptr, wgu_ptr, wdt_ptr, postnorm_ptr, x_ptr, eps, x_ptr, 0, B, H, I, R, BK,
-             False, 0)
+    residual_tile(pid, pid + 1, layer, attn_ptr, wo_ptr, x_ptr, attn_ptr, 0, B, N, K, R, BK, False, 0)
 
 
 @triton.jit
@@ -152,13 +90,8 @@ def lmhead_kernel(x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, 
 
 
 def oproj(st, p, layer):
-    oproj_kernel[(p.tiles(Op.OPROJ),)](layer, st.attn, st.w.wo, st.x, st.xm, B=p.B, N=p.H, K=p.HQ * p.D, R=p.R_O,
-                                       BK=p.BK_Q, COPY=bool(p.FUSE_MLP), num_warps=st.num_warps)
-
-
-def mlp(st, p, layer):
-    mlp_kernel[(p.tiles(Op.MLP),)](layer, st.xm, st.w.wgate_up, st.wdown_t, st.w.post_norm, st.x, st.eps, B=p.B,
-                                   H=p.H, I=p.I, R=p.R_GU, BK=p.BK_H, num_warps=st.num_warps)
+    oproj_kernel[(p.tiles(Op.OPROJ),)](layer, st.attn, st.w.wo, st.x, B=p.B, N=p.H, K=p.HQ * p.D, R=p.R_O,
+                                       BK=p.BK_Q, num_warps=st.num_warps)
 
 
 def gateup(st, p, layer):
@@ -167,8 +100,8 @@ def gateup(st, p, layer):
 
 
 def down(st, p, layer):
-    oproj_kernel[(p.tiles(Op.DOWN),)](layer, st.act, st.w.wdown, st.x, st.x, B=p.B, N=p.H, K=p.I, R=p.R_DOWN,
-                                      BK=p.BK_I, COPY=False, num_warps=st.num_warps)
+    oproj_kernel[(p.tiles(Op.DOWN),)](layer, st.act, st.w.wdown, st.x, B=p.B, N=p.H, K=p.I, R=p.R_DOWN,
+                                      BK=p.BK_I, num_warps=st.num_warps)
 
 
 def lmhead(st, p, layer=0):
@@ -184,19 +117,6 @@ def _rows(t0, t1, R, N):
 def oproj_ref(st, p, layer, t0, t1):
     r = _rows(t0, t1, p.R_O, p.H)
     st.x[:, r] += st.attn @ st.w.wo[layer, r].float().T
-    if p.FUSE_MLP:
-        st.xm[:, r] = st.x[:, r]
-
-
-def mlp_ref(st, p, layer, t0, t1):
-    import torch.nn.functional as F
-
-    from models.qwen3.reference import rmsnorm
-    r = _rows(t0, t1, p.R_GU, p.I)
-    h = rmsnorm(st.xm, st.w.post_norm[layer].float(), st.eps)
-    gate = h @ st.w.wgate_up[layer, r].float().T
-    up = h @ st.w.wgate_up[layer, p.I + r.start:p.I + r.stop].float().T
-    st.x += (F.silu(gate) * up) @ st.w.wdown[layer, :, r].float().T
 
 
 def gateup_ref(st, p, layer, t0, t1):

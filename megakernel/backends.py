@@ -45,8 +45,6 @@ class StepState:
     tickets: torch.Tensor     # [B Hkv] int32: attention splits finished (only grows)
     attn: torch.Tensor        # [B, Hq D] fp32
     act: torch.Tensor         # [B, I] fp32
-    xm: torch.Tensor          # [B, H] fp32: x after the O projection, read by the fused MLP
-    wdown_t: torch.Tensor     # [L, I, H] down weights transposed for the fused MLP (else a stub)
     amax_v: torch.Tensor      # [B, LM tiles] fp32
     amax_i: torch.Tensor      # [B, LM tiles] int32
     inv_freq: torch.Tensor    # [D / 2] fp32, exactly as HF computes it
@@ -67,8 +65,6 @@ class StepState:
             opart=torch.zeros(p.B * p.HQ * p.NSPLIT, D, **f32), ml=torch.zeros(p.B * p.HQ * p.NSPLIT, 2, **f32),
             tickets=torch.zeros(p.B * p.HKV, dtype=torch.int32, device=dev),
             attn=torch.zeros(p.B, p.HQ * D, **f32), act=torch.zeros(p.B, p.I, **f32),
-            xm=torch.zeros(p.B, p.H, **f32),
-            wdown_t=mk.weights.wdown.transpose(1, 2).contiguous() if p.FUSE_MLP else mk.weights.wdown,
             amax_v=torch.zeros(p.B, nt, **f32), amax_i=torch.zeros(p.B, nt, dtype=torch.int32, device=dev),
             inv_freq=inv_freq.to(dev), eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, num_warps=num_warps)
 
@@ -81,12 +77,11 @@ def default_workers(device: torch.device) -> int:
     return 1    # the interpreter runs programs one after another: one worker runs the whole tape
 
 
-def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = None,
-              fuse_mlp: bool = False) -> Plan:
+def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = None) -> Plan:
     """The tile sizes for ``workers`` workers, with any fields overridden (experiments). The
     persistent and per-op backends both use it, so with the same workers their numbers agree bit
     for bit."""
-    plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk, fuse_mlp=fuse_mlp)
+    plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk)
     return dataclasses.replace(plan, **(overrides or {}))
 
 
@@ -106,15 +101,11 @@ class PersistentBackend:
     def __init__(self, mk, mode: str = "megakernel", num_workers: int | None = None,
                  strategy: str = "balanced", spin: int | None = None, num_warps: int = 4, trace: bool = False,
                  workers_per_sm: int = 2, max_bk: int = MAX_BK, plan_overrides: dict | None = None,
-                 prefetch_tape: bool | None = None, fuse_mlp: bool = False, l2_prefetch: int = 0):
+                 prefetch_tape: bool | None = None):
         _check_kernel_device(mk, mode)
         # triton-ascend cannot lower the vector tape fetch (tests/npu_lowering.py): scalar there
         self.prefetch_tape = prefetch_tape if prefetch_tape is not None else mk.weights.device.type != "npu"
         self.plan_overrides = plan_overrides or {}
-        self.fuse_mlp = fuse_mlp
-        if l2_prefetch and mk.weights.device.type not in ("cuda", "meta"):
-            raise ValueError("l2_prefetch (PTX prefetch.global.L2) needs a CUDA GPU")
-        self.l2_prefetch = l2_prefetch
         from .kernel import megakernel
         self.kernel = megakernel
         self.mk, self.mode, self.trace = mk, mode, trace
@@ -143,7 +134,7 @@ class PersistentBackend:
 
     def _build(self, workers: int):
         mk, dev = self.mk, self.mk.weights.device
-        self.plan = tile_plan(mk, workers, self.max_bk, self.plan_overrides, self.fuse_mlp)
+        self.plan = tile_plan(mk, workers, self.max_bk, self.plan_overrides)
         self.tape: Tape = build_tape(self.plan, workers, strategy=self.strategy, mode=self.mode)
         words, lengths = encode(self.tape)
         self.words, self.lengths = words.to(dev), lengths.to(dev)
@@ -184,15 +175,14 @@ class PersistentBackend:
         w = st.w
         kwargs = dict(p.constexprs())
         kwargs.update(NT_LM=p.tiles(Op.LMHEAD), SPIN=self.spin, TRACE=self.trace, PREFETCH_TAPE=self.prefetch_tape,
-                      PF=self.l2_prefetch,
                       num_warps=self.num_warps)
         if st.x.device.type == "cuda":
             kwargs["launch_cooperative_grid"] = True   # the driver refuses a grid that is not co-resident
         args = (self.words, self.lengths, self.counters, self.epoch, self.err, self.trace_buf,
-                st.tokens, st.lengths, st.x, st.qkv, st.opart, st.ml, st.tickets, st.attn, st.act, st.xm, st.logits,
+                st.tokens, st.lengths, st.x, st.qkv, st.opart, st.ml, st.tickets, st.attn, st.act, st.logits,
                 st.amax_v, st.amax_i, st.inv_freq,
                 w.embed, w.lm_head, w.final_norm, w.input_norm, w.post_norm, w.q_norm, w.k_norm,
-                w.wqkv, w.wo, w.wgate_up, w.wdown, st.wdown_t, st.k_cache, st.v_cache, st.eps, self.words.shape[1])
+                w.wqkv, w.wo, w.wgate_up, w.wdown, st.k_cache, st.v_cache, st.eps, self.words.shape[1])
         return args, kwargs
 
     def launch(self):
@@ -280,9 +270,7 @@ def per_op_launches(st: StepState, plan: Plan):
     """The step as standalone launches, in dependency order: (name, fn, layer)."""
     seq = [("embed", k_embed.embed, 0)]
     for l in range(plan.L):
-        seq += [("qkv", k_qkv.qkv, l), ("attention", k_attention.attention, l), ("oproj", k_matvec.oproj, l)]
-        seq += [("mlp", k_matvec.mlp, l)] if plan.FUSE_MLP else \
-            [("gateup", k_matvec.gateup, l), ("down", k_matvec.down, l)]
+        seq += [("qkv", k_qkv.qkv, l), ("attention", k_attention.attention, l), ("oproj", k_matvec.oproj, l), ("gateup", k_matvec.gateup, l), ("down", k_matvec.down, l)]
     seq += [("lmhead", k_matvec.lmhead, 0), ("argmax", k_argmax.argmax, 0)]
     return seq
 
@@ -291,8 +279,7 @@ class PerOpBackend:
     """Each instruction kind launched as its own kernel over all its tiles."""
 
     def __init__(self, mk, num_workers: int | None = None, num_warps: int = 4, graph: bool = False,
-                 workers_per_sm: int = 2, max_bk: int = MAX_BK, plan_overrides: dict | None = None,
-                 fuse_mlp: bool = False, **_):
+                 workers_per_sm: int = 2, max_bk: int = MAX_BK, plan_overrides: dict | None = None, **_):
         _check_kernel_device(mk, "cuda-graph" if graph else "per-op")
         dev = mk.weights.device
         if graph and dev.type != "cuda":
@@ -300,7 +287,7 @@ class PerOpBackend:
         self.mk = mk
         # the same tile sizes as the megakernel would use, so the numbers agree bit for bit
         workers = num_workers or default_workers(dev) * (workers_per_sm if dev.type == "cuda" else 1)
-        self.plan = tile_plan(mk, workers, max_bk, plan_overrides, fuse_mlp)
+        self.plan = tile_plan(mk, workers, max_bk, plan_overrides)
         self.st = StepState.allocate(mk, self.plan, num_warps)
         self.seq = per_op_launches(self.st, self.plan)
         self.graph = None

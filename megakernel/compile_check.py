@@ -155,7 +155,7 @@ def main(argv=None):
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=N",
                     help="override a tile-plan field, e.g. --set R_GU=16 (repeatable)")
     ap.add_argument("--option", action="append", default=[], metavar="NAME=N",
-                    help="a backend option, e.g. --option l2_prefetch=2 --option fuse_mlp=1 (repeatable)")
+                    help="a backend option, e.g. --option workers_per_sm=1 (repeatable)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":

@@ -19,9 +19,9 @@ import triton.language as tl
 
 from instructions.argmax import argmax_tile
 from instructions.attention import attn_tile
-from instructions.common import RELAXED, RELEASE, l2_prefetch, wait_counter
+from instructions.common import RELAXED, RELEASE, wait_counter
 from instructions.embed import embed_tile
-from instructions.matvec import gateup_tile, lmhead_tile, mlp_tile, residual_tile
+from instructions.matvec import gateup_tile, lmhead_tile, residual_tile
 from instructions.qkv import qkv_tile
 from scheduler.ops import Op
 
@@ -34,49 +34,21 @@ OP_DOWN: tl.constexpr = tl.constexpr(int(Op.DOWN))
 OP_LMHEAD: tl.constexpr = tl.constexpr(int(Op.LMHEAD))
 OP_ARGMAX: tl.constexpr = tl.constexpr(int(Op.ARGMAX))
 OP_BARRIER: tl.constexpr = tl.constexpr(int(Op.BARRIER))
-OP_MLP: tl.constexpr = tl.constexpr(int(Op.MLP))
-
-
-@triton.jit
-def prefetch_weights(words, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, H: tl.constexpr, I: tl.constexpr,
-                     QD: tl.constexpr, QKV_N: tl.constexpr, R_QKV: tl.constexpr, R_O: tl.constexpr,
-                     R_GU: tl.constexpr, R_DOWN: tl.constexpr):
-    """L2 prefetch of the weight rows of the instruction in ``words`` (its 8 tape words)."""
-    ar = tl.arange(0, 8)
-    op = tl.sum(tl.where(ar == 0, words, 0), axis=0)
-    layer = tl.sum(tl.where(ar == 1, words, 0), axis=0).to(tl.int64)
-    t0 = tl.sum(tl.where(ar == 2, words, 0), axis=0)
-    t1 = tl.sum(tl.where(ar == 3, words, 0), axis=0)
-    if op == OP_QKV:
-        r0 = t0 * R_QKV
-        l2_prefetch(wqkv_ptr + layer * (QKV_N * H) + r0 * H, (tl.minimum(t1 * R_QKV, QKV_N) - r0) * H, 128)
-    elif op == OP_OPROJ:
-        r0 = t0 * R_O
-        l2_prefetch(wo_ptr + layer * (H * QD) + r0 * QD, (tl.minimum(t1 * R_O, H) - r0) * QD, 128)
-    elif op == OP_GATEUP:
-        r0 = t0 * R_GU
-        g = wgu_ptr + layer * (2 * I * H) + r0 * H
-        n = (tl.minimum(t1 * R_GU, I) - r0) * H
-        l2_prefetch(g, n, 128)
-        l2_prefetch(g + I * H, n, 128)
-    elif op == OP_DOWN:
-        r0 = t0 * R_DOWN
-        l2_prefetch(wdown_ptr + layer * (H * I) + r0 * I, (tl.minimum(t1 * R_DOWN, H) - r0) * I, 128)
 
 
 @triton.jit
 def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_ptr,
-               tokens_ptr, lengths_ptr, x_ptr, qkv_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, act_ptr, xm_ptr, logits_ptr,
+               tokens_ptr, lengths_ptr, x_ptr, qkv_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, act_ptr, logits_ptr,
                amax_v_ptr, amax_i_ptr, inv_freq_ptr,
                embed_ptr, lm_ptr, fnorm_ptr, innorm_ptr, postnorm_ptr, qn_ptr, kn_ptr,
-               wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, wdt_ptr, kc_ptr, vc_ptr, eps, max_len,
+               wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, kc_ptr, vc_ptr, eps, max_len,
                B: tl.constexpr, H: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                I: tl.constexpr, V: tl.constexpr, L: tl.constexpr, S: tl.constexpr,
                R_QKV: tl.constexpr, R_O: tl.constexpr, R_GU: tl.constexpr, R_DOWN: tl.constexpr,
                R_LM: tl.constexpr, BK_H: tl.constexpr, BK_Q: tl.constexpr, BK_I: tl.constexpr,
                NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
-               NSPLIT_PAD: tl.constexpr, FUSE_MLP: tl.constexpr, NT_LM: tl.constexpr,
-               SPIN: tl.constexpr, TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr, PF: tl.constexpr):
+               NSPLIT_PAD: tl.constexpr, NT_LM: tl.constexpr,
+               SPIN: tl.constexpr, TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr):
     pid = tl.program_id(0)
     n = tl.load(tape_len_ptr + pid)
     epoch = tl.load(epoch_ptr + pid)
@@ -87,15 +59,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
     row = tape_ptr + pid * max_len * 8
     if PREFETCH_TAPE:
         nxt = tl.load(row + ar)
-    if PF > 0:
-        pf = tl.load(row + PF * 8 + ar, mask=PF * 8 + ar < max_len * 8, other=0)
     while (i < n) & (failed == 0):
-        if PF > 0:
-            # the weights of this worker's instruction PF ahead go to L2 now, while memory would
-            # otherwise idle behind the dependent steps in between
-            prefetch_weights(pf, wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, H, I, HQ * D, QKV_N,
-                             R_QKV, R_O, R_GU, R_DOWN)
-            pf = tl.load(row + (i + 1 + PF) * 8 + ar, mask=(i + 1 + PF) * 8 + ar < max_len * 8, other=0)
         if PREFETCH_TAPE:
             cur = nxt
             # fetch the next instruction now: its load overlaps this one's work
@@ -128,20 +92,14 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                              opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt, target, B, D, HQ, HKV, S, NSPLIT,
                              BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, True, SPIN)
         elif op == OP_OPROJ:
-            seen = residual_tile(t0, t1, layer, attn_ptr, wo_ptr, x_ptr, xm_ptr, cnt, target, B, H, HQ * D, R_O,
-                                 BK_Q, FUSE_MLP, True, SPIN)
-        elif op == OP_MLP:
-            if FUSE_MLP:    # compiled only where the tape has it: its registers are not free
-                seen = mlp_tile(t0, t1, layer, xm_ptr, wgu_ptr, wdt_ptr, postnorm_ptr, x_ptr, eps, cnt, target,
-                                B, H, I, R_GU, BK_H, True, SPIN)
+            seen = residual_tile(t0, t1, layer, attn_ptr, wo_ptr, x_ptr, cnt, target, B, H, HQ * D, R_O,
+                                 BK_Q, True, SPIN)
         elif op == OP_GATEUP:
-            if not FUSE_MLP:
-                seen = gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt, target,
-                                   B, H, I, R_GU, BK_H, True, SPIN)
+            seen = gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt, target,
+                               B, H, I, R_GU, BK_H, True, SPIN)
         elif op == OP_DOWN:
-            if not FUSE_MLP:
-                seen = residual_tile(t0, t1, layer, act_ptr, wdown_ptr, x_ptr, x_ptr, cnt, target, B, H, I,
-                                     R_DOWN, BK_I, False, True, SPIN)
+            seen = residual_tile(t0, t1, layer, act_ptr, wdown_ptr, x_ptr, cnt, target, B, H, I, R_DOWN,
+                                 BK_I, True, SPIN)
         elif op == OP_LMHEAD:
             seen = lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, eps,
                                cnt, target, B, H, V, R_LM, BK_H, NT_LM, True, SPIN)

@@ -1,7 +1,7 @@
 """The decode step as a graph of tile instructions, assigned to workers as a tape.
 
 A step is a list of *stages* in dependency order (embed; per layer QKV, attention, O
-projection, gate/up, down -- or one fused MLP stage; LM head; argmax). Each stage's tiles are cut into instructions of
+projection, gate/up, down; LM head; argmax). Each stage's tiles are cut into instructions of
 contiguous tiles, at most about one per worker, never crossing a *segment* (tiles that raise the
 same counter). A consumer waits on the counter of the producer segment it needs, for as many
 signals as that segment has instructions: the attention of kv head g waits only for the QKV tiles
@@ -73,11 +73,10 @@ def build_stages(plan: Plan) -> list[Stage]:
                 segs.append(Segment(t0, t0 + p.NSPLIT, (Op.ATTN, l, 0)))
                 waits.append((Op.QKV, l, g))
         stages.append(Stage(Op.ATTN, l, segs, waits))
-        after_o = ((Op.MLP, (Op.OPROJ, l, 0)),) if p.FUSE_MLP else \
-            ((Op.GATEUP, (Op.OPROJ, l, 0)), (Op.DOWN, (Op.GATEUP, l, 0)))
-        for op, dep in ((Op.OPROJ, (Op.ATTN, l, 0)),) + after_o:
+        for op, dep in ((Op.OPROJ, (Op.ATTN, l, 0)), (Op.GATEUP, (Op.OPROJ, l, 0)),
+                        (Op.DOWN, (Op.GATEUP, l, 0))):
             stages.append(Stage(op, l, [Segment(0, p.tiles(op), (op, l, 0))], [dep]))
-        prev = stages[-1].segments[0].key
+        prev = (Op.DOWN, l, 0)
     stages.append(Stage(Op.LMHEAD, 0, [Segment(0, p.tiles(Op.LMHEAD), (Op.LMHEAD, 0, 0))], [prev]))
     stages.append(Stage(Op.ARGMAX, 0, [Segment(0, p.B, (Op.ARGMAX, 0, 0))], [(Op.LMHEAD, 0, 0)]))
     return stages

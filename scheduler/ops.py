@@ -34,9 +34,6 @@ class Op(enum.IntEnum):
     LMHEAD = 7     # logits[b] = Wlm rmsnorm(x[b]); per-tile max and argmax   tile: R_LM rows
     ARGMAX = 8     # token[b] = argmax over tiles; length[b] += 1              tile: one sequence
     BARRIER = 9    # superkernel: signal, then wait for every worker           (no tiles)
-    MLP = 10       # x[b] += Wd (silu(Wg h) * (Wu h)), h = rmsnorm(xm[b]):     tile: R_GU channels
-                   # GATEUP and DOWN fused (plan.FUSE_MLP); each tile adds its down-projection
-                   # partial into x with float atomics, so the sum's order is not fixed
 
 
 @dataclass(frozen=True)
@@ -103,7 +100,6 @@ class Plan:
     D_PAD: int
     G_PAD: int
     NSPLIT_PAD: int
-    FUSE_MLP: int = 0   # 1: one MLP stage per layer instead of GATEUP then DOWN
 
     @property
     def QKV_ROWS(self) -> int:
@@ -117,7 +113,6 @@ class Plan:
             Op.ATTN: self.B * self.HKV * self.NSPLIT,
             Op.OPROJ: cdiv(self.H, self.R_O),
             Op.GATEUP: cdiv(self.I, self.R_GU),
-            Op.MLP: cdiv(self.I, self.R_GU),
             Op.DOWN: cdiv(self.H, self.R_DOWN),
             Op.LMHEAD: cdiv(self.V, self.R_LM),
             Op.ARGMAX: self.B,
@@ -146,7 +141,7 @@ def _rows(N: int, K: int, workers: int, cap: int = 64, max_bk: int = MAX_BK) -> 
 
 
 def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
-              lm_rows: int | None = None, max_bk: int = MAX_BK, fuse_mlp: bool = False) -> Plan:
+              lm_rows: int | None = None, max_bk: int = MAX_BK) -> Plan:
     H, D, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     G = cfg.group_size
     qkv_rows = cfg.qkv_size
@@ -161,12 +156,10 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         V=cfg.vocab_size, L=cfg.num_hidden_layers, S=max_seq_len,
         R_QKV=min(_rows(qkv_rows, H, workers, max_bk=max_bk), D & -D),
         R_O=_rows(H, cfg.q_size, workers, max_bk=max_bk),
-        # gate/up hold two weight streams per tile, the fused MLP three (gate, up, down^T)
-        R_GU=max(1, _rows(I, H, workers, max_bk=max_bk) // (4 if fuse_mlp else 2)), R_DOWN=_rows(H, I, workers, max_bk=max_bk),
+        R_GU=max(1, _rows(I, H, workers, max_bk=max_bk) // 2), R_DOWN=_rows(H, I, workers, max_bk=max_bk),
         R_LM=lm_rows or _rows(cfg.vocab_size, H, workers, cap=16, max_bk=max_bk),
         BK_H=_block_k(H, max_bk), BK_Q=_block_k(cfg.q_size, max_bk), BK_I=_block_k(I, max_bk),
-        NSPLIT=nsplit, BLOCK_S=block_s, D_PAD=d_pad, G_PAD=g_pad, NSPLIT_PAD=next_pow2(nsplit),
-        FUSE_MLP=int(fuse_mlp))
+        NSPLIT=nsplit, BLOCK_S=block_s, D_PAD=d_pad, G_PAD=g_pad, NSPLIT_PAD=next_pow2(nsplit))
 
 
 def cost(plan: Plan, op: Op, ntiles: int, itemsize: int = 2) -> int:
@@ -180,7 +173,6 @@ def cost(plan: Plan, op: Op, ntiles: int, itemsize: int = 2) -> int:
         Op.OPROJ: p.R_O * p.HQ * p.D * itemsize,
         Op.GATEUP: 2 * p.R_GU * p.H * itemsize,
         Op.DOWN: p.R_DOWN * p.I * itemsize,
-        Op.MLP: 3 * p.R_GU * p.H * itemsize,
         Op.LMHEAD: p.R_LM * p.H * itemsize,
         Op.ARGMAX: 8 * p.tiles(Op.LMHEAD),
         Op.BARRIER: 0,

@@ -90,7 +90,7 @@ def validate(tape, plan: Plan | None = None, mode: str | None = None, counter_na
 def _check_fields(lists, plan: Plan, num_counters):
     bad = []
     ntiles = {op: plan.tiles(op) for op in Op if op not in (Op.NOOP, Op.BARRIER)}
-    per_layer = (Op.QKV, Op.ATTN, Op.OPROJ, Op.GATEUP, Op.DOWN, Op.MLP)
+    per_layer = (Op.QKV, Op.ATTN, Op.OPROJ, Op.GATEUP, Op.DOWN)
     for w, lst in enumerate(lists):
         for i, ins in enumerate(lst):
             if not isinstance(ins, Instr):

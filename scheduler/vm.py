@@ -12,8 +12,6 @@ next to their references) and the step state are imported when a backend is buil
 
 from __future__ import annotations
 
-import dataclasses
-
 from .graph import Tape, build_tape
 from .ops import Op, make_plan
 from .validate import run_workers, stuck_report, validate
@@ -28,21 +26,19 @@ def reference_kernels() -> dict:
     from instructions import argmax, attention, embed, matvec, qkv
     return {Op.EMBED: embed.embed_ref, Op.QKV: qkv.qkv_ref, Op.ATTN: attention.attention_ref,
             Op.OPROJ: matvec.oproj_ref, Op.GATEUP: matvec.gateup_ref,
-            Op.DOWN: matvec.down_ref, Op.MLP: matvec.mlp_ref, Op.LMHEAD: matvec.lmhead_ref, Op.ARGMAX: argmax.argmax_ref}
+            Op.DOWN: matvec.down_ref, Op.LMHEAD: matvec.lmhead_ref, Op.ARGMAX: argmax.argmax_ref}
 
 
 class VMBackend:
     """Decode steps of ``mk`` (a ``MegaQwen3``) by interpreting its tape with torch references."""
 
     def __init__(self, mk, num_workers: int | None = 1, strategy: str = "balanced", mode: str = "megakernel",
-                 check: bool = True, plan_overrides: dict | None = None, fuse_mlp: bool = False, **_):
+                 check: bool = True, **_):
         from megakernel.backends import StepState
 
         self.mk = mk
         workers = num_workers or 1
-        self.plan = dataclasses.replace(make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers,
-                                                  fuse_mlp=fuse_mlp),
-                                        **(plan_overrides or {}))
+        self.plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers)
         self.tape: Tape = build_tape(self.plan, workers, strategy=strategy, mode=mode)
         if check:
             validate(self.tape)
