@@ -101,6 +101,9 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr,
     """Tiles [t0, t1) of rows R of a row-major [N, K] GEMV over each of B input rows (RMS-normalised
     with weight ``nw`` when NORM), with the epilogue EPI. The first tile's weights are loaded before
     the wait (weights never depend on activations), each next tile's while this one computes."""
+    if B > 1:
+        return gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr, cnt_ptr, target,
+                          B, N, K, R, BK, NORM, EPI, NT, WAIT, SPIN)
     row_end = tl.minimum(t1 * R, N)
     w0 = load_w(w_ptr, t0 * R, row_end, K, 0, R, BK)
     seen = target
@@ -124,4 +127,127 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr,
                 tl.store(aux_v_ptr + b * NT + t, best)
                 tl.store(aux_i_ptr + b * NT + t, idx)
         w0 = w_next
+    return seen
+
+
+# Batches above one: each tile reads its weights once for all B input rows, K-chunk by K-chunk,
+# with Triton's software pipeliner keeping STAGES chunks of weights and inputs in flight. From
+# BATCH_DOT rows the product runs on tensor cores (tl.dot: M, N and K of at least 16, so the batch
+# and tiles of fewer rows are padded to 16 under masks); below it a float32 [B, R, KC] product keeps
+# the numerics of batch 1 (differences of 1e-7 from the order of the sums, so a batch decodes as its
+# sequences would alone). The K-chunk KC holds about W_ELEMS weights per matrix, within BATCH_ELEMS
+# elements of the float32 product (or, with tl.dot, of the float32 input chunk).
+BATCH_DOT: tl.constexpr = tl.constexpr(16)
+STAGES: tl.constexpr = tl.constexpr(3)
+W_ELEMS: tl.constexpr = tl.constexpr(4096)
+BATCH_ELEMS: tl.constexpr = tl.constexpr(16384)
+
+
+@triton.jit
+def load_wb(w_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, R_PAD: tl.constexpr, KC: tl.constexpr):
+    """Weight block rows [row0, min(row0+R, row_end)) x columns [k0, k0+KC) as an [R_PAD, KC] block
+    (rows from R up are not read, and zero)."""
+    r = tl.arange(0, R_PAD)
+    k = k0 + tl.arange(0, KC)
+    ok = (r < R) & (row0 + r < row_end)
+    return tl.load(w_ptr + (row0 + r)[:, None] * K + k[None, :], mask=ok[:, None] & (k[None, :] < K), other=0.0,
+                   eviction_policy="evict_first")
+
+
+@triton.jit
+def load_xb(x_ptr, nw_ptr, K: tl.constexpr, k0, NORM: tl.constexpr, B: tl.constexpr, B_PAD: tl.constexpr,
+            KC: tl.constexpr):
+    """(columns [k0, k0+KC) of B float32 rows of K, read through L2 and times the norm weight when
+    NORM, as [B_PAD, KC]; each row's sum of squares of the chunk, before the norm weight)."""
+    b = tl.arange(0, B_PAD)
+    k = k0 + tl.arange(0, KC)
+    x = tl.load(x_ptr + b[:, None] * K + k[None, :], mask=(b[:, None] < B) & (k[None, :] < K), other=0.0,
+                cache_modifier=".cg")
+    ss = tl.sum(x * x, axis=1)
+    if NORM:
+        x = x * tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
+    return x, ss
+
+
+@triton.jit
+def mac(acc, x, w, DOT: tl.constexpr):
+    """acc[b, r] += sum_k x[b, k] * w[r, k] for float32 x, accumulated in float32. With DOT on
+    tensor cores in TF32: 16-bit weights are exact in TF32 and x keeps 11 significant bits (relative
+    rounding 2^-11, eight times finer than casting x to bf16 as Hugging Face's bf16 model runs; the
+    MMAs' lower rate is free, the tile waits on memory). Float32 weights (the CPU) multiply in full
+    float32."""
+    if DOT:
+        if w.dtype == tl.float32:
+            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w).to(tl.float32), acc, input_precision="tf32")
+    else:
+        acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    return acc
+
+
+@triton.jit
+def batch_rows(w_ptr, w2_ptr, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, NORM: tl.constexpr,
+               TWO: tl.constexpr, B: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
+    """(acc, acc2, ss): acc[b, r] = sum_k v[b, k] W[row0 + r, k] over the B rows of x at once, acc2
+    the same with W2 when TWO (else zeros), ss[b] = sum_k x[b, k]^2; v = x, or x * norm_weight with
+    NORM (the caller scales by each row's 1/rms). [B_PAD, R_PAD] float32, padded rows and columns
+    zero."""
+    DOT: tl.constexpr = B >= BATCH_DOT
+    B_PAD: tl.constexpr = 2 if B <= 2 else 4 if B <= 4 else 8 if B <= 8 else 16 if B <= 16 else 32 if B <= 32 else 64
+    R_PAD: tl.constexpr = 16 if DOT and R < 16 else R
+    PER_K: tl.constexpr = B_PAD if DOT else B_PAD * R_PAD      # budgeted elements per column of the chunk
+    KC0: tl.constexpr = W_ELEMS // R_PAD
+    KC1: tl.constexpr = KC0 if KC0 * PER_K <= BATCH_ELEMS else BATCH_ELEMS // PER_K
+    KC: tl.constexpr = BK if KC1 > BK else 16 if KC1 < 16 else KC1
+    acc = tl.zeros([B_PAD, R_PAD], dtype=tl.float32)
+    acc2 = tl.zeros([B_PAD, R_PAD], dtype=tl.float32)
+    ss = tl.zeros([B_PAD], dtype=tl.float32)
+    for k0 in tl.range(0, K, KC, num_stages=STAGES):
+        w = load_wb(w_ptr, row0, row_end, K, k0, R, R_PAD, KC)
+        if TWO:
+            w2 = load_wb(w2_ptr, row0, row_end, K, k0, R, R_PAD, KC)
+        x, sq = load_xb(x_ptr, nw_ptr, K, k0, NORM, B, B_PAD, KC)
+        acc = mac(acc, x, w, DOT)
+        if TWO:
+            acc2 = mac(acc2, x, w2, DOT)
+        ss += sq
+    return acc, acc2, ss
+
+
+@triton.jit
+def batch_mask(acc, row0, row_end, B: tl.constexpr, R: tl.constexpr):
+    """(rows [R_PAD], mask [B_PAD, R_PAD]) of a [B_PAD, R_PAD] block from ``batch_rows``."""
+    bb = tl.arange(0, acc.shape[0])
+    rr = tl.arange(0, acc.shape[1])
+    rows = row0 + rr
+    return rows, (bb[:, None] < B) & ((rr < R) & (rows < row_end))[None, :]
+
+
+@triton.jit
+def gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr, cnt_ptr, target,
+               B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
+               NORM: tl.constexpr, EPI: tl.constexpr, NT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
+    """``gemv_tile`` for B > 1: out[B, rows] = X[B, K] @ W[rows, K]^T, weights read once per tile
+    for all B rows (each row RMS-normalised with its own statistics when NORM)."""
+    row_end = tl.minimum(t1 * R, N)
+    seen = target
+    if WAIT:
+        seen = wait_counter(cnt_ptr, target, SPIN)
+    for t in range(t0, t1):
+        acc, _, ss = batch_rows(w_ptr, w_ptr, t * R, row_end, K, in_ptr, nw_ptr, NORM, False, B, R, BK)
+        if NORM:
+            acc = acc * (1.0 / tl.sqrt(ss / K + eps))[:, None]
+        rows, ok = batch_mask(acc, t * R, row_end, B, R)
+        bb = tl.arange(0, acc.shape[0])
+        offs = bb[:, None] * N + rows[None, :]
+        if EPI == RESIDUAL:
+            acc += tl.load(out_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg")
+        tl.store(out_ptr + offs, acc, mask=ok)
+        if EPI == ARGMAX:
+            acc = tl.where(ok, acc, float("-inf"))
+            best = tl.max(acc, axis=1)
+            idx = tl.min(tl.where(acc == best[:, None], rows[None, :], 2147483647), axis=1)   # first maximum
+            tl.store(aux_v_ptr + bb * NT + t, best, mask=bb < B)
+            tl.store(aux_i_ptr + bb * NT + t, idx, mask=bb < B)
     return seen

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from scheduler.ops import Op
 
-from .common import ARGMAX, RESIDUAL, dot_rows, gemv_tile, load_w, load_xn, wait_counter
+from .common import ARGMAX, RESIDUAL, batch_mask, batch_rows, dot_rows, gemv_tile, load_w, load_xn, wait_counter
 
 
 @triton.jit
@@ -32,6 +32,9 @@ def residual_tile(t0, t1, layer, in_ptr, w_base, x_ptr, cnt_ptr, target,
 def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                 B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
                 WAIT: tl.constexpr, SPIN: tl.constexpr):
+    if B > 1:
+        return gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
+                            B, H, I, R, BK, WAIT, SPIN)
     g_ptr = wgu_ptr + tl.cast(layer, tl.int64) * (2 * I * H)
     u_ptr = g_ptr + I * H
     nw_ptr = postnorm_ptr + layer * H
@@ -55,6 +58,31 @@ def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_p
             tl.store(act_ptr + b * I + rows, act, mask=rows < row_end)
         g0 = g_next
         u0 = u_next
+    return seen
+
+
+@triton.jit
+def gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
+                 B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
+                 WAIT: tl.constexpr, SPIN: tl.constexpr):
+    """``gateup_tile`` for B > 1: gate and up weights read once per tile for all B rows, which
+    share each K-chunk's input load (``common.batch_rows``)."""
+    g_ptr = wgu_ptr + tl.cast(layer, tl.int64) * (2 * I * H)
+    u_ptr = g_ptr + I * H
+    nw_ptr = postnorm_ptr + layer * H
+    row_end = tl.minimum(t1 * R, I)
+    seen = target
+    if WAIT:
+        seen = wait_counter(cnt_ptr, target, SPIN)
+    for t in range(t0, t1):
+        gate, up, ss = batch_rows(g_ptr, u_ptr, t * R, row_end, H, x_ptr, nw_ptr, True, True, B, R, BK)
+        rstd = (1.0 / tl.sqrt(ss / H + eps))[:, None]
+        gate *= rstd
+        up *= rstd
+        act = gate / (1.0 + tl.exp(-gate)) * up
+        rows, ok = batch_mask(act, t * R, row_end, B, R)
+        bb = tl.arange(0, act.shape[0])
+        tl.store(act_ptr + bb[:, None] * I + rows[None, :], act, mask=ok)
     return seen
 
 

@@ -46,6 +46,16 @@ def _type(v) -> str:
     raise TypeError(f"cannot type argument {v!r}")
 
 
+def _aligned(v) -> bool:
+    """Whether a launch specialises the argument as divisible by 16, as Triton's launcher does for
+    tensors (torch allocations are aligned) and integers that are multiples of 16. Without it the
+    compiler cannot vectorise loads, and registers differ from the kernel that actually runs."""
+    import torch
+    if isinstance(v, torch.Tensor):
+        return True
+    return isinstance(v, int) and not isinstance(v, bool) and v % 16 == 0
+
+
 def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int, dtype, **options):
     """(kernel, args, kwargs) of one step of every kernel backend, on meta tensors."""
     import torch
@@ -103,9 +113,11 @@ def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=
         opts = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
         consts = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "launch_cooperative_grid")}
         names = fn.arg_names
-        sig = {}
+        sig, attrs = {}, {}
         for i, name in enumerate(names):
             sig[name] = "constexpr" if name in consts else _type(args[i])
+            if name not in consts and _aligned(args[i]):
+                attrs[(i,)] = [["tt.divisibility", 16]]
         key = (fn.__name__, json.dumps(sig, sort_keys=True), json.dumps({k: str(v) for k, v in consts.items()},
                                                                           sort_keys=True), str(opts))
         if key in seen:
@@ -113,7 +125,7 @@ def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=
         seen.add(key)
         row = {"kernel": fn.__name__}
         try:
-            k = triton.compile(ASTSource(fn, sig, constexprs=consts), target=target, options=opts)
+            k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=target, options=opts)
             meta = k.metadata
             regs, stack = _resources(k)
             row.update(ok=True, shared=meta.shared, num_warps=meta.num_warps, n_regs=regs, stack_bytes=stack)

@@ -10,15 +10,44 @@ from megakernel import MegaQwen3, load_model
 from test_reference_vs_hf import random_prompt, rel_err
 
 
-@pytest.mark.parametrize("backend", ["reference", "megakernel"])
-def test_batch_equals_each_sequence_alone(tiny_checkpoint, seed, backend):
+@pytest.mark.parametrize("backend,opts", [("reference", {}), ("megakernel", {"max_bk": 32})],
+                         ids=["reference", "megakernel"])
+def test_batch_equals_each_sequence_alone(tiny_checkpoint, seed, backend, opts):
+    """Batch 3 (float32 batched GEMV tiles), with 32-wide K-chunks so that every GEMV loops over
+    several chunks."""
     tiny = tiny_checkpoint(hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16)
     model = load_model(str(tiny.folder), device="cpu", progress=False)
     prompts = [random_prompt(n, tiny.vocab_size, seed + n) for n in (9, 3, 6)]
     steps = 10
-    batch = MegaQwen3(model, max_seq_len=32, batch_size=3, backend=backend).generate(prompts, max_new_tokens=steps)
+    mk = MegaQwen3(model, max_seq_len=32, batch_size=3, backend=backend, **opts)
+    batch = mk.generate(prompts, max_new_tokens=steps)
     for b, p in enumerate(prompts):
-        alone = MegaQwen3(model, max_seq_len=32, batch_size=1, backend=backend).generate([p], max_new_tokens=steps)
+        alone = MegaQwen3(model, max_seq_len=32, batch_size=1, backend=backend, **opts)
+        alone = alone.generate([p], max_new_tokens=steps)
+        assert torch.equal(batch[b], alone[0]), f"sequence {b}: batch {batch[b].tolist()} alone {alone[0].tolist()}"
+
+
+def test_tensor_core_batch_equals_each_sequence_alone(tiny_checkpoint, seed):
+    """A batch of BATCH_DOT sequences of as many prompt lengths, where the GEMV tiles multiply with
+    tl.dot: tiles of 4 and 8 rows are padded to 16 and 32-wide K-chunks split every GEMV, so the
+    padding masks and the chunk loop are exercised. One kv head keeps the attention tiles (one per
+    sequence and kv head) few."""
+    from instructions.common import BATCH_DOT
+    n = BATCH_DOT.value
+    tiny = tiny_checkpoint(hidden=64, intermediate=128, heads=4, kv_heads=1, head_dim=16)
+    model = load_model(str(tiny.folder), device="cpu", progress=False)
+    lengths = torch.randperm(n, generator=torch.Generator().manual_seed(seed)) + 1
+    prompts = [random_prompt(int(length), tiny.vocab_size, seed + i) for i, length in enumerate(lengths)]
+    opts = dict(plan_overrides={"R_QKV": 8, "R_O": 4, "R_GU": 8, "R_LM": 8}, max_bk=32)
+    steps = 4
+    mk = MegaQwen3(model, max_seq_len=32, batch_size=n, backend="megakernel", **opts)
+    batch = mk.generate(prompts, max_new_tokens=steps)
+    ref = MegaQwen3(model, max_seq_len=32, batch_size=n, backend="reference")
+    assert torch.equal(batch, ref.generate(prompts, max_new_tokens=steps))
+    assert rel_err(mk.logits, ref.logits) < 1e-4
+    for b in (0, n - 1):
+        alone = MegaQwen3(model, max_seq_len=32, batch_size=1, backend="megakernel", **opts)
+        alone = alone.generate([prompts[b]], max_new_tokens=steps)
         assert torch.equal(batch[b], alone[0]), f"sequence {b}: batch {batch[b].tolist()} alone {alone[0].tolist()}"
 
 

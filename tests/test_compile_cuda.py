@@ -9,15 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_all_kernels_compile_for_sm90():
+@pytest.mark.parametrize("batch", [1, 4, 16])   # batch 1; float32 batched tiles; tensor-core tiles
+def test_all_kernels_compile_for_sm90(batch):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(DEVICE="cuda", PYTHONPATH=str(REPO))
     r = subprocess.run([sys.executable, "-m", "megakernel.compile_check", "--model", "0.6b", "--workers", "264",
-                        "--max-seq-len", "512", "--json"], cwd=REPO, env=env, capture_output=True, text=True,
-                       timeout=600)
+                        "--max-seq-len", "512", "--batch-size", str(batch), "--json"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=600)
     report = json.loads(r.stdout.strip().splitlines()[-1])
     failed = [row for row in report if not row["ok"]]
     assert not failed, failed
