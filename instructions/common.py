@@ -101,7 +101,7 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr,
     """Tiles [t0, t1) of rows R of a row-major [N, K] GEMV over each of B input rows (RMS-normalised
     with weight ``nw`` when NORM), with the epilogue EPI. The first tile's weights are loaded before
     the wait (weights never depend on activations), each next tile's while this one computes."""
-    if B > 1:
+    if B >= BATCH_DOT:
         return gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr, cnt_ptr, target,
                           B, N, K, R, BK, NORM, EPI, NT, WAIT, SPIN)
     row_end = tl.minimum(t1 * R, N)
@@ -130,13 +130,16 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr,
     return seen
 
 
-# Batches above one: each tile reads its weights once for all B input rows, K-chunk by K-chunk,
+# Batches of BATCH_DOT and more: each tile reads its weights once for all B input rows, K-chunk by K-chunk,
 # with Triton's software pipeliner keeping STAGES chunks of weights and inputs in flight. From
 # BATCH_DOT rows the product runs on tensor cores (tl.dot: M, N and K of at least 16, so the batch
 # and tiles of fewer rows are padded to 16 under masks); below it a float32 [B, R, KC] product keeps
 # the numerics of batch 1 (differences of 1e-7 from the order of the sums, so a batch decodes as its
 # sequences would alone). The K-chunk KC holds about W_ELEMS weights per matrix, within BATCH_ELEMS
 # elements of the float32 product (or, with tl.dot, of the float32 input chunk).
+# Below BATCH_DOT the tiles keep gemv_tile's loop over the sequences: on the H200 (0.6b) the float32
+# batched product took 1.97 / 5.15 ms at batch 4 / 8 against the loop's 1.59 / 2.59 (bench/NOTES.md
+# 14), so it runs only where BATCH_DOT is lowered for an experiment.
 BATCH_DOT: tl.constexpr = tl.constexpr(16)
 STAGES: tl.constexpr = tl.constexpr(3)
 W_ELEMS: tl.constexpr = tl.constexpr(4096)

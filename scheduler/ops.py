@@ -17,7 +17,7 @@ scheduler is testable in milliseconds).
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 WORDS = 8
 
@@ -122,6 +122,10 @@ class Plan:
         return asdict(self)
 
 
+# From this batch the GEMV tiles multiply with tl.dot (instructions.common.BATCH_DOT; kept apart
+# so that the scheduler imports no Triton).
+BATCH_DOT = 16
+
 # Rows of weights one tile holds in registers: about this many elements per K-chunk.
 TILE_ELEMS = 16384
 MAX_BK = 4096
@@ -151,7 +155,7 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         nsplit = max(1, min(nsplit, next_pow2(-(-max_seq_len // 16))))
     g_pad, d_pad = next_pow2(G), next_pow2(D)
     block_s = max(16, min(64, _pow2_floor(8192 // (g_pad * d_pad))))
-    return Plan(
+    plan = Plan(
         B=batch_size, H=H, D=D, HQ=cfg.num_attention_heads, HKV=cfg.num_key_value_heads, I=I,
         V=cfg.vocab_size, L=cfg.num_hidden_layers, S=max_seq_len,
         R_QKV=min(_rows(qkv_rows, H, workers, max_bk=max_bk), D & -D),
@@ -160,6 +164,12 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         R_LM=lm_rows or _rows(cfg.vocab_size, H, workers, cap=16, max_bk=max_bk),
         BK_H=_block_k(H, max_bk), BK_Q=_block_k(cfg.q_size, max_bk), BK_I=_block_k(I, max_bk),
         NSPLIT=nsplit, BLOCK_S=block_s, D_PAD=d_pad, G_PAD=g_pad, NSPLIT_PAD=next_pow2(nsplit))
+    if batch_size >= BATCH_DOT:
+        # the tensor-core tiles pad rows to 16 anyway, and each tile pays its K pipeline's fill:
+        # fewer, fuller tiles
+        plan = replace(plan, R_QKV=max(plan.R_QKV, min(16, D & -D)), R_O=max(plan.R_O, 16),
+                       R_GU=max(plan.R_GU, 16), R_DOWN=max(plan.R_DOWN, 16), R_LM=max(plan.R_LM, 16))
+    return plan
 
 
 def cost(plan: Plan, op: Op, ntiles: int, itemsize: int = 2) -> int:
