@@ -12,6 +12,8 @@ import importlib.util
 import triton
 import triton.language as tl
 
+from scheduler import ops
+
 # triton-ascend (it replaces Triton's package) supports only acq_rel atomics on the NPU; elsewhere
 # the weaker, cheaper orders are used: a consumer's poll acquires, a producer's signal releases.
 ASCEND = importlib.util.find_spec("triton.backends.ascend") is not None
@@ -140,7 +142,7 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr,
 # Below BATCH_DOT the tiles keep gemv_tile's loop over the sequences: on the H200 (0.6b) the float32
 # batched product took 1.97 / 5.15 ms at batch 4 / 8 against the loop's 1.59 / 2.59 (bench/NOTES.md
 # 14), so it runs only where BATCH_DOT is lowered for an experiment.
-BATCH_DOT: tl.constexpr = tl.constexpr(16)
+BATCH_DOT: tl.constexpr = tl.constexpr(ops.BATCH_DOT)   # the plan sizes tiles for it (make_plan)
 STAGES: tl.constexpr = tl.constexpr(3)
 W_ELEMS: tl.constexpr = tl.constexpr(4096)
 BATCH_ELEMS: tl.constexpr = tl.constexpr(16384)
@@ -231,7 +233,7 @@ def batch_mask(acc, row0, row_end, B: tl.constexpr, R: tl.constexpr):
 def gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr, cnt_ptr, target,
                B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
                NORM: tl.constexpr, EPI: tl.constexpr, NT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
-    """``gemv_tile`` for B > 1: out[B, rows] = X[B, K] @ W[rows, K]^T, weights read once per tile
+    """``gemv_tile`` from BATCH_DOT rows: out[B, rows] = X[B, K] @ W[rows, K]^T, weights read once per tile
     for all B rows (each row RMS-normalised with its own statistics when NORM)."""
     row_end = tl.minimum(t1 * R, N)
     seen = target

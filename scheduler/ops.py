@@ -122,8 +122,8 @@ class Plan:
         return asdict(self)
 
 
-# From this batch the GEMV tiles multiply with tl.dot (instructions.common.BATCH_DOT; kept apart
-# so that the scheduler imports no Triton).
+# From this batch the GEMV tiles multiply with tl.dot (instructions.common.BATCH_DOT reads it; it
+# lives here so that the scheduler imports no Triton).
 BATCH_DOT = 16
 
 # Rows of weights one tile holds in registers: about this many elements per K-chunk.
