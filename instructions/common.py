@@ -136,39 +136,38 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr,
 # cores (tl.dot; the batch and tiles of fewer rows are padded to 16 under masks, the M/N minimum of
 # older Triton); below it a float32 product on CUDA cores keeps the numerics of batch 1 (1e-7 from
 # the order of the sums, so a batch decodes as its sequences would alone). A chunk holds about
-# W_ELEMS weights per matrix, at most X_ELEMS_* inputs (both about 32 registers per thread with 4
-# warps: the float32 path holds the whole input chunk in each warp).
+# W_ELEMS weights per matrix and at most X_ELEMS_* inputs: with 4 warps, 16 per thread on tensor
+# cores (4096 spills on Triton 3.6) and 32 in float32, where each warp holds the whole chunk.
 BATCH_DOT: tl.constexpr = tl.constexpr(16)
 SMEM_BYTES: tl.constexpr = tl.constexpr(65536)
 MAX_AHEAD: tl.constexpr = tl.constexpr(4)
 W_ELEMS: tl.constexpr = tl.constexpr(4096)
-X_ELEMS_DOT: tl.constexpr = tl.constexpr(4096)
+X_ELEMS_DOT: tl.constexpr = tl.constexpr(2048)
 X_ELEMS_F32: tl.constexpr = tl.constexpr(1024)
 
 
 @triton.jit
-def load_wb(w_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, R_PAD: tl.constexpr, KC: tl.constexpr):
-    """Weight block rows [row0, min(row0+R, row_end)) x columns [k0, k0+KC) as an [R_PAD, KC] block
-    (rows from R up are not read, and zero)."""
-    r = tl.arange(0, R_PAD)
-    k = k0 + tl.arange(0, KC)
-    ok = (r < R) & (row0 + r < row_end)
-    return tl.load(w_ptr + (row0 + r)[:, None] * K + k[None, :], mask=ok[:, None] & (k[None, :] < K), other=0.0,
+def load_wbs(w_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, R_PAD: tl.constexpr, S: tl.constexpr,
+             KS: tl.constexpr):
+    """Weight block rows [row0, min(row0+R, row_end)) x columns [k0, k0+S*KS) as [S, R_PAD, KS]
+    (column k0 + s*KS + kk; rows from R up are not read, and zero: padding for tl.dot)."""
+    r = tl.arange(0, R_PAD)[None, :, None]
+    k = k0 + tl.arange(0, S)[:, None, None] * KS + tl.arange(0, KS)[None, None, :]
+    return tl.load(w_ptr + (row0 + r) * K + k, mask=(r < R) & (row0 + r < row_end) & (k < K), other=0.0,
                    eviction_policy="evict_first")
 
 
 @triton.jit
-def load_xb(x_ptr, nw_ptr, K: tl.constexpr, k0, NORM: tl.constexpr, B: tl.constexpr, B_PAD: tl.constexpr,
-            KC: tl.constexpr):
-    """(columns [k0, k0+KC) of B float32 rows of K, read through L2 and times the norm weight when
-    NORM, as [B_PAD, KC]; each row's sum of squares of the chunk, before the norm weight)."""
-    b = tl.arange(0, B_PAD)
-    k = k0 + tl.arange(0, KC)
-    x = tl.load(x_ptr + b[:, None] * K + k[None, :], mask=(b[:, None] < B) & (k[None, :] < K), other=0.0,
-                cache_modifier=".cg")
-    ss = tl.sum(x * x, axis=1)
+def load_xbs(x_ptr, nw_ptr, K: tl.constexpr, k0, NORM: tl.constexpr, B: tl.constexpr, B_PAD: tl.constexpr,
+             S: tl.constexpr, KS: tl.constexpr):
+    """(columns [k0, k0+S*KS) of B float32 rows of K, read through L2 and times the norm weight
+    when NORM, as [S, B_PAD, KS]; their sums of squares over KS, before the norm weight, [S, B_PAD])."""
+    b = tl.arange(0, B_PAD)[None, :, None]
+    k = k0 + tl.arange(0, S)[:, None, None] * KS + tl.arange(0, KS)[None, None, :]
+    x = tl.load(x_ptr + b * K + k, mask=(b < B) & (k < K), other=0.0, cache_modifier=".cg")
+    ss = tl.sum(x * x, axis=2)
     if NORM:
-        x = x * tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
+        x = x * tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
     return x, ss
 
 
@@ -196,14 +195,18 @@ def load_xb3(x_ptr, nw_ptr, K: tl.constexpr, k0, NORM: tl.constexpr, B: tl.const
 
 
 @triton.jit
-def mac_dot(acc, x, w):
-    """acc[b, r] += sum_k x[b, k] * w[r, k] on tensor cores, accumulated in float32, in TF32: 16-bit
-    weights are exact in TF32 and x keeps 11 significant bits (relative rounding 2^-11, eight times
-    finer than casting x to bf16 as Hugging Face's bf16 model runs; the MMAs' lower rate is free, the
-    tile waits on memory). Float32 weights (the CPU) multiply in full float32."""
-    if w.dtype == tl.float32:
-        return tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-    return tl.dot(x, tl.trans(w).to(tl.float32), acc, input_precision="tf32")
+def mac_dot(acc3, x3, w3):
+    """acc3[s] += x3[s] @ w3[s]^T for each K-slice s, on tensor cores, accumulated in float32. The
+    slices are a batched dot, so each warp multiplies its own slice of K (a single [16, 16] product
+    would leave 4 warps computing copies of the same MMA tiles from the whole chunk); the caller
+    sums over s once per tile. TF32: 16-bit weights are exact in TF32 and x keeps 11 significant
+    bits (relative rounding 2^-11, eight times finer than casting x to bf16 as Hugging Face's bf16
+    model runs; the MMAs' lower rate is free, the tile waits on memory). Float32 weights (the CPU)
+    multiply in full float32."""
+    wt = tl.permute(w3, (0, 2, 1))
+    if w3.dtype == tl.float32:
+        return tl.dot(x3, wt, acc3, input_precision="ieee")
+    return tl.dot(x3, wt.to(tl.float32), acc3, input_precision="tf32")
 
 
 @triton.jit
@@ -232,18 +235,23 @@ def batch_rows(w_ptr, w2_ptr, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, NOR
     AHEAD: tl.constexpr = SMEM_BYTES // CHUNK_BYTES
     STAGES: tl.constexpr = 2 if AHEAD < 1 else 1 + (MAX_AHEAD if AHEAD > MAX_AHEAD else AHEAD)
     if DOT:
-        ss = tl.zeros([B_PAD], dtype=tl.float32)
-        acc = tl.zeros([B_PAD, R_PAD], dtype=tl.float32)
-        acc2 = tl.zeros([B_PAD, R_PAD], dtype=tl.float32)
+        S: tl.constexpr = 4 if KC >= 64 else 2 if KC >= 32 else 1     # K-slices: one per warp
+        KS: tl.constexpr = KC // S
+        acc3 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
+        acc3_2 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
+        ss2 = tl.zeros([S, B_PAD], dtype=tl.float32)
         for k0 in tl.range(0, K, KC, num_stages=STAGES):
-            w = load_wb(w_ptr, row0, row_end, K, k0, R, R_PAD, KC)
+            w = load_wbs(w_ptr, row0, row_end, K, k0, R, R_PAD, S, KS)
             if TWO:
-                w2 = load_wb(w2_ptr, row0, row_end, K, k0, R, R_PAD, KC)
-            x, sq = load_xb(x_ptr, nw_ptr, K, k0, NORM, B, B_PAD, KC)
-            acc = mac_dot(acc, x, w)
+                w2 = load_wbs(w2_ptr, row0, row_end, K, k0, R, R_PAD, S, KS)
+            x, sq = load_xbs(x_ptr, nw_ptr, K, k0, NORM, B, B_PAD, S, KS)
+            acc3 = mac_dot(acc3, x, w)
             if TWO:
-                acc2 = mac_dot(acc2, x, w2)
-            ss += sq
+                acc3_2 = mac_dot(acc3_2, x, w2)
+            ss2 += sq
+        ss = tl.sum(ss2, axis=0)
+        acc = tl.sum(acc3, axis=0)
+        acc2 = tl.sum(acc3_2, axis=0)
     else:
         T: tl.constexpr = 32 if KC >= 32 else KC
         J: tl.constexpr = KC // T
