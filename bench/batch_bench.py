@@ -4,6 +4,9 @@ batch 1 (0.6b, random bf16 weights, no network needed). From the repository root
     python3 bench/batch_bench.py [--batches 1,4,8,16] [--backends megakernel,cuda-graph] [--steps 32]
                                  [--prompt-len 128] [--json out.json]
 
+A backend may carry tile-plan overrides, ``NAME:FIELD=N:...`` (e.g. ``megakernel:R_O=16:R_DOWN=16``),
+so that variants are compared in one run.
+
 For each backend and batch B: prefill a random [B, prompt-len] prompt, run 3 warm-up steps, then
 time ``--steps`` steps one by one with CUDA events (median, p10, p90 ms per step; tokens/s), and
 print the megakernel's registers, spills, shared memory and programs per SM. Then the tokens:
@@ -56,10 +59,12 @@ def time_steps(mk, prompt, steps):
     return sorted(a.elapsed_time(b) for a, b in events)
 
 
-def bench_one(model, backend, B, args, gen):
-    row = {"backend": backend, "batch": B}
+def bench_one(model, spec, B, args, gen):
+    row = {"backend": spec, "batch": B}
     t = time.time()
-    mk = MegaQwen3(model, max_seq_len=args.max_seq_len, batch_size=B, backend=backend)
+    backend, *fields = spec.split(":")
+    opts = {"plan_overrides": {k: int(v) for k, v in (f.split("=") for f in fields)}} if fields else {}
+    mk = MegaQwen3(model, max_seq_len=args.max_seq_len, batch_size=B, backend=backend, **opts)
     prompt = torch.randint(0, model.config.vocab_size, (B, args.prompt_len), generator=gen)
     ms = time_steps(mk, prompt, args.steps)
     med = statistics.median(ms)
@@ -69,7 +74,7 @@ def bench_one(model, backend, B, args, gen):
     if info:
         row.update(info)
     plan = getattr(mk.backend, "plan", None)
-    log(f"{backend:<11} B={B:<3} median {med:7.3f} ms  p10 {row['ms_p10']:7.3f}  p90 {row['ms_p90']:7.3f}  "
+    log(f"{spec:<11} B={B:<3} median {med:7.3f} ms  p10 {row['ms_p10']:7.3f}  p90 {row['ms_p90']:7.3f}  "
         f"{row['tokens_per_s']:9.1f} tok/s  setup {row['setup_s']:5.1f}s"
         + (f"  regs {info['n_regs']} spills {info['n_spills']} shared {info['shared']} "
            f"per-SM {info['resident_per_sm']}" if info else "")
@@ -135,10 +140,11 @@ def main():
             sys.stdout.flush()
     log("\nms per step (median)")
     backends = args.backends.split(",")
-    log("batch " + "".join(f"{b:>13}" for b in backends))
+    width = max(13, *(len(b) + 2 for b in backends))
+    log("batch " + "".join(f"{b:>{width}}" for b in backends))
     for B in sorted({r["batch"] for r in rows}):
         cells = {r["backend"]: r["ms_median"] for r in rows if r["batch"] == B}
-        log(f"{B:>5} " + "".join(f"{cells[b]:>13.3f}" if b in cells else f"{'-':>13}" for b in backends))
+        log(f"{B:>5} " + "".join(f"{cells[b]:>{width}.3f}" if b in cells else f"{'-':>{width}}" for b in backends))
     batch8_ok = 8 in checks and all(v is None for v in checks[8].values())
     log(f"batch 8 tokens equal batch 1: {batch8_ok}" + (f"; failed: {', '.join(failures)}" if failures else ""))
     if args.json:

@@ -103,7 +103,7 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr,
     """Tiles [t0, t1) of rows R of a row-major [N, K] GEMV over each of B input rows (RMS-normalised
     with weight ``nw`` when NORM), with the epilogue EPI. The first tile's weights are loaded before
     the wait (weights never depend on activations), each next tile's while this one computes."""
-    if B >= BATCH_DOT:
+    if B >= BATCHED_FROM:
         return gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr, cnt_ptr, target,
                           B, N, K, R, BK, NORM, EPI, NT, WAIT, SPIN)
     row_end = tl.minimum(t1 * R, N)
@@ -132,63 +132,96 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr,
     return seen
 
 
-# Batches of BATCH_DOT and more: each tile reads its weights once for all B input rows, K-chunk by K-chunk,
-# with Triton's software pipeliner keeping STAGES chunks of weights and inputs in flight. From
-# BATCH_DOT rows the product runs on tensor cores (tl.dot: M, N and K of at least 16, so the batch
-# and tiles of fewer rows are padded to 16 under masks); below it a float32 [B, R, KC] product keeps
-# the numerics of batch 1 (differences of 1e-7 from the order of the sums, so a batch decodes as its
-# sequences would alone). The K-chunk KC holds about W_ELEMS weights per matrix, within BATCH_ELEMS
-# elements of the float32 product (or, with tl.dot, of the float32 input chunk).
-# Below BATCH_DOT the tiles keep gemv_tile's loop over the sequences: on the H200 (0.6b) the float32
-# batched product took 1.97 / 5.15 ms at batch 4 / 8 against the loop's 1.59 / 2.59 (bench/NOTES.md
-# 14), so it runs only where BATCH_DOT is lowered for an experiment.
+# Batches above one: each tile reads its weights once for all B input rows, K-chunk by K-chunk,
+# with Triton's software pipeliner keeping chunks of weights and inputs in flight through shared
+# memory (cp.async; activations stay .cg): as many as fit SMEM_BYTES, at most MAX_AHEAD. From
+# BATCH_DOT rows the product runs on tensor cores (tl.dot; the batch and tiles of fewer rows are
+# padded to 16 under masks, the M/N minimum of older Triton); below it a float32 product on CUDA
+# cores keeps the numerics of batch 1 (1e-7 from the order of the sums, so a batch decodes as its
+# sequences would alone). A chunk holds about W_ELEMS weights per matrix and at most X_ELEMS_*
+# inputs: with 4 warps, 16 per thread on tensor cores (4096 spills on Triton 3.6) and 32 in
+# float32, where each warp holds the whole chunk.
+# Where the batched path runs is BATCHED_FROM (a tile loops over the sequences below it): the
+# first float32 version took 1.97 / 5.15 ms at batch 4 / 8 on the H200 (0.6b) against the loop's
+# 1.59 / 2.59 (bench/NOTES.md 14); the version here reduces once per tile and is being measured.
 BATCH_DOT: tl.constexpr = tl.constexpr(ops.BATCH_DOT)   # the plan sizes tiles for it (make_plan)
-STAGES: tl.constexpr = tl.constexpr(3)
+BATCHED_FROM: tl.constexpr = tl.constexpr(ops.BATCHED_FROM)
+SMEM_BYTES: tl.constexpr = tl.constexpr(65536)
+MAX_AHEAD: tl.constexpr = tl.constexpr(4)
 W_ELEMS: tl.constexpr = tl.constexpr(4096)
-BATCH_ELEMS: tl.constexpr = tl.constexpr(16384)
+X_ELEMS_DOT: tl.constexpr = tl.constexpr(2048)
+X_ELEMS_F32: tl.constexpr = tl.constexpr(1024)
 
 
 @triton.jit
-def load_wb(w_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, R_PAD: tl.constexpr, KC: tl.constexpr):
-    """Weight block rows [row0, min(row0+R, row_end)) x columns [k0, k0+KC) as an [R_PAD, KC] block
-    (rows from R up are not read, and zero)."""
-    r = tl.arange(0, R_PAD)
-    k = k0 + tl.arange(0, KC)
-    ok = (r < R) & (row0 + r < row_end)
-    return tl.load(w_ptr + (row0 + r)[:, None] * K + k[None, :], mask=ok[:, None] & (k[None, :] < K), other=0.0,
+def load_wbs(w_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, R_PAD: tl.constexpr, S: tl.constexpr,
+             KS: tl.constexpr):
+    """Weight block rows [row0, min(row0+R, row_end)) x columns [k0, k0+S*KS) as [S, R_PAD, KS]
+    (column k0 + s*KS + kk; rows from R up are not read, and zero: padding for tl.dot)."""
+    r = tl.arange(0, R_PAD)[None, :, None]
+    k = k0 + tl.arange(0, S)[:, None, None] * KS + tl.arange(0, KS)[None, None, :]
+    return tl.load(w_ptr + (row0 + r) * K + k, mask=(r < R) & (row0 + r < row_end) & (k < K), other=0.0,
                    eviction_policy="evict_first")
 
 
 @triton.jit
-def load_xb(x_ptr, nw_ptr, K: tl.constexpr, k0, NORM: tl.constexpr, B: tl.constexpr, B_PAD: tl.constexpr,
-            KC: tl.constexpr):
-    """(columns [k0, k0+KC) of B float32 rows of K, read through L2 and times the norm weight when
-    NORM, as [B_PAD, KC]; each row's sum of squares of the chunk, before the norm weight)."""
-    b = tl.arange(0, B_PAD)
-    k = k0 + tl.arange(0, KC)
-    x = tl.load(x_ptr + b[:, None] * K + k[None, :], mask=(b[:, None] < B) & (k[None, :] < K), other=0.0,
-                cache_modifier=".cg")
-    ss = tl.sum(x * x, axis=1)
+def load_xbs(x_ptr, nw_ptr, K: tl.constexpr, k0, NORM: tl.constexpr, B: tl.constexpr, B_PAD: tl.constexpr,
+             S: tl.constexpr, KS: tl.constexpr):
+    """(columns [k0, k0+S*KS) of B float32 rows of K, read through L2 and times the norm weight
+    when NORM, as [S, B_PAD, KS]; their sums of squares over KS, before the norm weight, [S, B_PAD])."""
+    b = tl.arange(0, B_PAD)[None, :, None]
+    k = k0 + tl.arange(0, S)[:, None, None] * KS + tl.arange(0, KS)[None, None, :]
+    x = tl.load(x_ptr + b * K + k, mask=(b < B) & (k < K), other=0.0, cache_modifier=".cg")
+    ss = tl.sum(x * x, axis=2)
     if NORM:
-        x = x * tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
+        x = x * tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
     return x, ss
 
 
 @triton.jit
-def mac(acc, x, w, DOT: tl.constexpr):
-    """acc[b, r] += sum_k x[b, k] * w[r, k] for float32 x, accumulated in float32. With DOT on
-    tensor cores in TF32: 16-bit weights are exact in TF32 and x keeps 11 significant bits (relative
-    rounding 2^-11, eight times finer than casting x to bf16 as Hugging Face's bf16 model runs; the
-    MMAs' lower rate is free, the tile waits on memory). Float32 weights (the CPU) multiply in full
-    float32."""
-    if DOT:
-        if w.dtype == tl.float32:
-            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, tl.trans(w).to(tl.float32), acc, input_precision="tf32")
-    else:
-        acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-    return acc
+def load_wb3(w_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, J: tl.constexpr, T: tl.constexpr):
+    """The [R, J*T] weight chunk of ``load_wb`` as [J, R, T], column k0 + j*T + t."""
+    j = tl.arange(0, J)[:, None, None]
+    r = tl.arange(0, R)[None, :, None]
+    k = k0 + j * T + tl.arange(0, T)[None, None, :]
+    return tl.load(w_ptr + (row0 + r) * K + k, mask=(row0 + r < row_end) & (k < K), other=0.0,
+                   eviction_policy="evict_first")
+
+
+@triton.jit
+def load_xb3(x_ptr, nw_ptr, K: tl.constexpr, k0, NORM: tl.constexpr, B: tl.constexpr, B_PAD: tl.constexpr,
+             J: tl.constexpr, T: tl.constexpr):
+    """``load_xb`` as [B_PAD, J, T] (column k0 + j*T + t), with the sums of squares over J."""
+    b = tl.arange(0, B_PAD)[:, None, None]
+    k = k0 + tl.arange(0, J)[None, :, None] * T + tl.arange(0, T)[None, None, :]
+    x = tl.load(x_ptr + b * K + k, mask=(b < B) & (k < K), other=0.0, cache_modifier=".cg")
+    ss = tl.sum(x * x, axis=1)          # [B_PAD, T]: the sum over T is left to the end of the tile
+    if NORM:
+        x = x * tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+    return x, ss
+
+
+@triton.jit
+def mac_dot(acc3, x3, w3):
+    """acc3[s] += x3[s] @ w3[s]^T for each K-slice s, on tensor cores, accumulated in float32. The
+    slices are a batched dot, so each warp multiplies its own slice of K (a single [16, 16] product
+    would leave 4 warps computing copies of the same MMA tiles from the whole chunk); the caller
+    sums over s once per tile. TF32: 16-bit weights are exact in TF32 and x keeps 11 significant
+    bits (relative rounding 2^-11, eight times finer than casting x to bf16 as Hugging Face's bf16
+    model runs; the MMAs' lower rate is free, the tile waits on memory). Float32 weights (the CPU)
+    multiply in full float32."""
+    wt = tl.permute(w3, (0, 2, 1))
+    if w3.dtype == tl.float32:
+        return tl.dot(x3, wt, acc3, input_precision="ieee")
+    return tl.dot(x3, wt.to(tl.float32), acc3, input_precision="tf32")
+
+
+@triton.jit
+def mac3(acc3, x3, w3):
+    """acc3[b, r, t] += sum_j x3[b, j, t] * w3[j, r, t] in float32. The [B, J, R, T] product's
+    default layout puts T on a warp's lanes and R on its warps, so the sum over J stays within each
+    thread; the sum over T (across lanes) is left to the end of the tile."""
+    return acc3 + tl.sum(x3[:, :, None, :] * w3.to(tl.float32)[None, :, :, :], axis=1)
 
 
 @triton.jit
@@ -201,22 +234,49 @@ def batch_rows(w_ptr, w2_ptr, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, NOR
     DOT: tl.constexpr = B >= BATCH_DOT
     B_PAD: tl.constexpr = 2 if B <= 2 else 4 if B <= 4 else 8 if B <= 8 else 16 if B <= 16 else 32 if B <= 32 else 64
     R_PAD: tl.constexpr = 16 if DOT and R < 16 else R
-    PER_K: tl.constexpr = B_PAD if DOT else B_PAD * R_PAD      # budgeted elements per column of the chunk
+    X_ELEMS: tl.constexpr = X_ELEMS_DOT if DOT else X_ELEMS_F32
     KC0: tl.constexpr = W_ELEMS // R_PAD
-    KC1: tl.constexpr = KC0 if KC0 * PER_K <= BATCH_ELEMS else BATCH_ELEMS // PER_K
+    KC1: tl.constexpr = KC0 if KC0 * B_PAD <= X_ELEMS else X_ELEMS // B_PAD
     KC: tl.constexpr = BK if KC1 > BK else 16 if KC1 < 16 else KC1
-    acc = tl.zeros([B_PAD, R_PAD], dtype=tl.float32)
-    acc2 = tl.zeros([B_PAD, R_PAD], dtype=tl.float32)
-    ss = tl.zeros([B_PAD], dtype=tl.float32)
-    for k0 in tl.range(0, K, KC, num_stages=STAGES):
-        w = load_wb(w_ptr, row0, row_end, K, k0, R, R_PAD, KC)
-        if TWO:
-            w2 = load_wb(w2_ptr, row0, row_end, K, k0, R, R_PAD, KC)
-        x, sq = load_xb(x_ptr, nw_ptr, K, k0, NORM, B, B_PAD, KC)
-        acc = mac(acc, x, w, DOT)
-        if TWO:
-            acc2 = mac(acc2, x, w2, DOT)
-        ss += sq
+    CHUNK_BYTES: tl.constexpr = (2 if TWO else 1) * R_PAD * KC * 2 + B_PAD * KC * 4    # 16-bit weights
+    AHEAD: tl.constexpr = SMEM_BYTES // CHUNK_BYTES
+    STAGES: tl.constexpr = 2 if AHEAD < 1 else 1 + (MAX_AHEAD if AHEAD > MAX_AHEAD else AHEAD)
+    if DOT:
+        S: tl.constexpr = 4 if KC >= 64 else 2 if KC >= 32 else 1     # K-slices: one per warp
+        KS: tl.constexpr = KC // S
+        acc3 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
+        acc3_2 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
+        ss2 = tl.zeros([S, B_PAD], dtype=tl.float32)
+        for k0 in tl.range(0, K, KC, num_stages=STAGES):
+            w = load_wbs(w_ptr, row0, row_end, K, k0, R, R_PAD, S, KS)
+            if TWO:
+                w2 = load_wbs(w2_ptr, row0, row_end, K, k0, R, R_PAD, S, KS)
+            x, sq = load_xbs(x_ptr, nw_ptr, K, k0, NORM, B, B_PAD, S, KS)
+            acc3 = mac_dot(acc3, x, w)
+            if TWO:
+                acc3_2 = mac_dot(acc3_2, x, w2)
+            ss2 += sq
+        ss = tl.sum(ss2, axis=0)
+        acc = tl.sum(acc3, axis=0)
+        acc2 = tl.sum(acc3_2, axis=0)
+    else:
+        T: tl.constexpr = 32 if KC >= 32 else KC
+        J: tl.constexpr = KC // T
+        acc3 = tl.zeros([B_PAD, R, T], dtype=tl.float32)
+        acc3_2 = tl.zeros([B_PAD, R, T], dtype=tl.float32)
+        ss2 = tl.zeros([B_PAD, T], dtype=tl.float32)
+        for k0 in tl.range(0, K, KC, num_stages=STAGES):
+            w = load_wb3(w_ptr, row0, row_end, K, k0, R, J, T)
+            if TWO:
+                w2 = load_wb3(w2_ptr, row0, row_end, K, k0, R, J, T)
+            x, sq = load_xb3(x_ptr, nw_ptr, K, k0, NORM, B, B_PAD, J, T)
+            acc3 = mac3(acc3, x, w)
+            if TWO:
+                acc3_2 = mac3(acc3_2, x, w2)
+            ss2 += sq
+        ss = tl.sum(ss2, axis=1)
+        acc = tl.sum(acc3, axis=2)
+        acc2 = tl.sum(acc3_2, axis=2)
     return acc, acc2, ss
 
 

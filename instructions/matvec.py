@@ -16,7 +16,7 @@ import triton.language as tl
 
 from scheduler.ops import Op
 
-from .common import ARGMAX, BATCH_DOT, RESIDUAL, batch_mask, batch_rows, dot_rows, gemv_tile, load_w, load_xn, wait_counter
+from .common import ARGMAX, BATCHED_FROM, RESIDUAL, batch_mask, batch_rows, dot_rows, gemv_tile, load_w, load_xn, wait_counter
 
 
 @triton.jit
@@ -32,7 +32,7 @@ def residual_tile(t0, t1, layer, in_ptr, w_base, x_ptr, cnt_ptr, target,
 def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                 B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
                 WAIT: tl.constexpr, SPIN: tl.constexpr):
-    if B >= BATCH_DOT:
+    if B >= BATCHED_FROM:
         return gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                             B, H, I, R, BK, WAIT, SPIN)
     g_ptr = wgu_ptr + tl.cast(layer, tl.int64) * (2 * I * H)

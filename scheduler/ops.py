@@ -17,6 +17,7 @@ scheduler is testable in milliseconds).
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import asdict, dataclass, replace
 
 WORDS = 8
@@ -125,6 +126,10 @@ class Plan:
 # From this batch the GEMV tiles multiply with tl.dot (instructions.common.BATCH_DOT reads it; it
 # lives here so that the scheduler imports no Triton).
 BATCH_DOT = 16
+# From this batch the GEMV tiles read their weights once for all rows (float32 product below
+# BATCH_DOT); below it they loop over the sequences. MEGAKERNEL_BATCHED_FROM overrides it for a
+# measurement in a fresh process (bench/NOTES.md 14-15).
+BATCHED_FROM = int(os.environ.get("MEGAKERNEL_BATCHED_FROM", BATCH_DOT))
 
 # Rows of weights one tile holds in registers: about this many elements per K-chunk.
 TILE_ELEMS = 16384
