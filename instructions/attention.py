@@ -31,9 +31,9 @@ from scheduler.ops import Op
 from .common import ASCEND, wait_counter
 from .reduce import reduce_group, reduce_ref
 
-# KV blocks per split in the software pipeline: NSTAGE - 1 in flight (2 x 32 KB at BLOCK_S 64 and
-# head_dim 128, bf16) while one is attended; each stage takes a block of shared memory.
-NSTAGE: tl.constexpr = tl.constexpr(3)
+# KV blocks per split in the software pipeline: NSTAGE - 1 in flight (3 x 16 KB at BLOCK_S 32 and
+# head_dim 128, bf16) while one is attended; each takes its K and V block of shared memory.
+NSTAGE: tl.constexpr = tl.constexpr(4)
 # The block math on tensor cores. Not on Ascend: tl.dot makes a kernel cube + vector ("mix"),
 # launched on AI cores, while the persistent grid is sized for the vector cores; there the
 # products stay on the vector unit, in blocks small enough for its buffer.

@@ -146,10 +146,12 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
     G = cfg.group_size
     qkv_rows = cfg.qkv_size
     g_pad, d_pad = next_pow2(G), next_pow2(D)
-    # Attention walks a split in blocks of BLOCK_S positions (tl.dot needs >= 16): 64 x 128 keys
-    # and values are 16 KB each in bf16, and the tile keeps two blocks in flight; larger blocks
-    # cost the megakernel registers (python -m megakernel.compile_check --set BLOCK_S=128)
-    block_s = max(16, min(64, _pow2_floor(8192 // d_pad)))
+    # Attention walks a split in blocks of BLOCK_S positions (tl.dot needs >= 16): 32 x 128 keys
+    # and values are 8 KB each in bf16. The tile keeps NSTAGE - 1 blocks in flight in shared
+    # memory (instructions/attention.py), so the block size sets the registers of one block's
+    # dot operands, not the bytes in flight: 64 costs the megakernel spills
+    # (python -m megakernel.compile_check --set BLOCK_S=64)
+    block_s = max(16, min(64, _pow2_floor(4096 // d_pad)))
     if nsplit is None:
         # One attention tile per worker at most: with every worker busy at a long context, more
         # splits would only give a worker two tiles in a row (the tape is static), each with its
