@@ -2,6 +2,7 @@
 and 32k cached positions, in ms and effective GB/s of KV cache read.
 
     python3 bench/attn_bench.py [--model 0.6b] [--contexts 1024,8192,32768] [--iters 20] [--no-step]
+                                [--set BLOCK_S=64 --set NSPLIT=64 ...]
 
 Random bf16 weights and a random KV cache (no prefill: the lengths are set directly), so it needs
 no network and runs in well under three minutes on one H100/H200. The per-op attention kernel is
@@ -101,11 +102,11 @@ def time_graph(fn, iters):
     return s.elapsed_time(e) / iters
 
 
-def bench_attention(model, contexts, iters):
+def bench_attention(model, contexts, iters, overrides):
     from instructions import attention as k_attention
     from megakernel import MegaQwen3
     cfg = model.config
-    mk = MegaQwen3(model, max_seq_len=max(contexts) + 64, backend="per-op")
+    mk = MegaQwen3(model, max_seq_len=max(contexts) + 64, backend="per-op", plan_overrides=overrides)
     be = mk.backend
     st, plan = be.st, be.plan
     print(f"per-op attention: plan NSPLIT {plan.NSPLIT}, BLOCK_S {plan.BLOCK_S}, "
@@ -132,10 +133,11 @@ def bench_attention(model, contexts, iters):
     return rows
 
 
-def bench_step(model, contexts, steps, bw):
+def bench_step(model, contexts, steps, bw, overrides):
     from megakernel import MegaQwen3
     cfg = model.config
-    mk = MegaQwen3(model, max_seq_len=max(contexts) + 64 + 2 * steps, backend="megakernel")
+    mk = MegaQwen3(model, max_seq_len=max(contexts) + 64 + 2 * steps, backend="megakernel",
+                   plan_overrides=overrides)
     info = getattr(mk.backend, "kernel_info", {})
     p = mk.backend.plan
     print(f"megakernel step: {mk.backend.tape.num_workers} workers, plan NSPLIT {p.NSPLIT}, BLOCK_S "
@@ -180,7 +182,12 @@ def main():
     ap.add_argument("--iters", type=int, default=20, help="graph replays per per-op measurement")
     ap.add_argument("--steps", type=int, default=16, help="megakernel steps per measurement")
     ap.add_argument("--no-step", action="store_true", help="only the per-op attention kernel")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=N",
+                    help="override a tile-plan field, e.g. --set BLOCK_S=64 (NSPLIT_PAD follows NSPLIT)")
     args = ap.parse_args()
+    overrides = {k: int(v) for k, v in (x.split("=", 1) for x in args.set)}
+    if "NSPLIT" in overrides:
+        overrides.setdefault("NSPLIT_PAD", 1 << (overrides["NSPLIT"] - 1).bit_length())
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 1
@@ -194,8 +201,9 @@ def main():
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     model = load_model(args.model, random_weights=True, device=DEVICE, dtype=torch.bfloat16, progress=False)
     print(f"model {args.model} loaded in {time.time() - t:.1f}s", flush=True)
-    for name, fn in (("attention", lambda: bench_attention(model, contexts, args.iters)),
-                     ("step", lambda: None if args.no_step else bench_step(model, contexts, args.steps, bw))):
+    for name, fn in (("attention", lambda: bench_attention(model, contexts, args.iters, overrides)),
+                     ("step", lambda: None if args.no_step else bench_step(model, contexts, args.steps, bw,
+                                                                           overrides))):
         t = time.time()
         try:
             fn()
