@@ -12,14 +12,16 @@ NSPLIT*G*(D+2)*4 bytes of L2-resident scratch.
 import triton
 import triton.language as tl
 
+# partials are summed a few splits at a time: [G_PAD, splits, D_PAD] of at most this many elements
+CHUNK_ELEMS: tl.constexpr = tl.constexpr(4096)
+
 
 @triton.jit
 def reduce_group(b, g, opart_ptr, ml_ptr, attn_ptr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                  NSPLIT: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr):
     G: tl.constexpr = HQ // HKV
-    # partials are summed SCH splits at a time: [G_PAD, SCH, D_PAD] of at most 4096 elements
-    SCH: tl.constexpr = NSPLIT_PAD if G_PAD * NSPLIT_PAD * D_PAD <= 4096 else \
-        (4096 // (G_PAD * D_PAD) if 4096 >= G_PAD * D_PAD else 1)
+    SCH: tl.constexpr = NSPLIT_PAD if G_PAD * NSPLIT_PAD * D_PAD <= CHUNK_ELEMS else \
+        (CHUNK_ELEMS // (G_PAD * D_PAD) if CHUNK_ELEMS >= G_PAD * D_PAD else 1)   # splits per chunk
     dd = tl.arange(0, D_PAD)
     hh = tl.arange(0, G_PAD)
     ss = tl.arange(0, NSPLIT_PAD)
