@@ -155,9 +155,11 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
     if nsplit is None:
         # One attention tile per worker at most: with every worker busy at a long context, more
         # splits would only give a worker two tiles in a row (the tape is static), each with its
-        # own q, partial and ticket, and a longer combine. Splits are cut at run time from the
-        # current length, so at a short context the later ones are empty; never more splits than
-        # blocks at max_seq_len.
+        # own q, partial and ticket, and a longer combine. A power of two: 32, not 33, for 264
+        # workers and 8 kv heads (33 works too, but cost the megakernel 40 more bytes of spills
+        # on Triton 3.6 in compile_check). Splits are cut at run time from the current length,
+        # so at a short context the later ones are empty; never more splits than blocks at
+        # max_seq_len.
         nsplit = _pow2_floor(max(1, workers // (batch_size * cfg.num_key_value_heads)))
         nsplit = max(1, min(nsplit, next_pow2(-(-max_seq_len // block_s))))
     return Plan(
