@@ -10,6 +10,15 @@ every other position comes from the cache, whose first block is loaded before th
 Outputs per head: the unnormalised o [D], the running max m and sum l; the last split of
 (b, g) to finish combines them into ``attn`` (``reduce.py``).
 
+A split is walked in blocks of BLOCK_S positions with flash-decoding block math: scores =
+q [QM, D] @ K^T [D, BLOCK_S] and o += p [QM, BLOCK_S] @ V [BLOCK_S, D] as ``tl.dot`` on the cache's
+dtype (bf16 on a GPU: tensor cores) with fp32 accumulation and an fp32 online softmax. tl.dot
+needs 16 rows, so the G heads' q rows are repeated to QM = 16 rows (norm and RoPE run on the G
+rows only). The blocks after the first are loaded through the compiler's software pipeline
+(``tl.range(num_stages=NSTAGE)``: cp.async into shared memory on NVIDIA), which keeps the next
+NSTAGE - 1 blocks in flight during each block's math without holding them in registers. (On
+Ascend the products stay on the vector unit: see ``DOT``.)
+
 Qwen3-0.6B: 8 kv heads x NSPLIT tiles per sequence; reads 2*chunk*128*2 bytes of cache per tile.
 Matches ``Qwen3Attention`` (q_norm/k_norm, ``apply_rotary_pos_emb``, eager softmax in fp32).
 """
@@ -19,45 +28,146 @@ import triton.language as tl
 
 from scheduler.ops import Op
 
-from .common import wait_counter
+from .common import ASCEND, wait_counter
 from .reduce import reduce_group, reduce_ref
+
+# KV blocks per split in the software pipeline: NSTAGE - 1 in flight (3 x 16 KB at BLOCK_S 32 and
+# head_dim 128, bf16) while one is attended; each takes its K and V block of shared memory.
+NSTAGE: tl.constexpr = tl.constexpr(4)
+# The block math on tensor cores. Not on Ascend: tl.dot makes a kernel cube + vector ("mix"),
+# launched on AI cores, while the persistent grid is sized for the vector cores; there the
+# products stay on the vector unit, in blocks small enough for its buffer.
+DOT: tl.constexpr = tl.constexpr(not ASCEND)
+VEC_ELEMS: tl.constexpr = tl.constexpr(8192)     # [G, block, D] elements of one vector-unit product
 
 
 @triton.jit
-def _kv_block(t, layer, lengths_ptr, kc_ptr, vc_ptr, dd, dmask, B: tl.constexpr, D: tl.constexpr,
-              HKV: tl.constexpr, S: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Tile t's split: its first block of cached keys and values (positions before the new one,
-    in the cache's dtype), where the split starts, where its cached positions end, and the cache
-    offset of (b, g)."""
-    s = t % NSPLIT
+def _kv_block(kc_ptr, vc_ptr, coff, start, kv_end, dd, dmask, D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Cached keys and values of positions [start, start + BLOCK_S) below kv_end: [BLOCK_S, D_PAD]
+    each, in the cache's dtype (zeros elsewhere)."""
+    kpos = start + tl.arange(0, BLOCK_S)
+    mask = (kpos < kv_end)[:, None] & dmask[None, :]
+    off = coff + kpos[:, None] * D + dd[None, :]
+    return tl.load(kc_ptr + off, mask=mask, other=0.0), tl.load(vc_ptr + off, mask=mask, other=0.0)
+
+
+@triton.jit
+def _split_range(t, layer, lengths_ptr, B: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
+                 NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Tile t's split: where it starts, where its cached positions end (the new one is not
+    cached yet), and the cache offset of its (b, g)."""
     g = (t // NSPLIT) % HKV
     b = t // (NSPLIT * HKV)
     pos = tl.load(lengths_ptr + b)
     chunk = tl.cdiv(tl.cdiv(pos + 1, NSPLIT), BLOCK_S) * BLOCK_S
-    lo = s * chunk
+    lo = (t % NSPLIT) * chunk
     kv_end = tl.minimum(lo + chunk, pos)
     coff = ((layer * B + b) * HKV + g).to(tl.int64) * (S * D)
-    kpos = lo + tl.arange(0, BLOCK_S)
-    kvmask = (kpos < kv_end)[:, None] & dmask[None, :]
-    off = coff + kpos[:, None] * D + dd[None, :]
-    kt = tl.load(kc_ptr + off, mask=kvmask, other=0.0)
-    vt = tl.load(vc_ptr + off, mask=kvmask, other=0.0)
-    return kt, vt, lo, kv_end, coff
+    return lo, kv_end, coff
 
 
 @triton.jit
-def _attend(q, kt, vt, valid, m, l, acc, scale):
-    """Online-softmax update of (max m, sum l, output acc) [G] with a block of keys/values."""
-    kt = kt.to(tl.float32)
-    vt = vt.to(tl.float32)
-    sc = tl.sum(q[:, None, :] * kt[None, :, :], axis=2) * scale          # [G_PAD, BLOCK_S]
+def _attend(qd, kt, vt, valid, m, l, acc, scale, DOT: tl.constexpr):
+    """Online-softmax update of (max m, sum l, output acc) [QM] with one block of keys and values:
+    scores = q K^T and acc += p V are ``tl.dot`` on the cache's dtype (else fp32 products), the
+    softmax is fp32. A block with no valid position leaves (m, l, acc) as they were (m may stay
+    -inf)."""
+    if DOT:
+        sc = tl.dot(qd, tl.trans(kt), input_precision="ieee") * scale    # [QM, BLOCK_S]
+    else:
+        sc = tl.sum(qd[:, None, :] * kt.to(tl.float32)[None, :, :], axis=2) * scale
     sc = tl.where(valid[None, :], sc, float("-inf"))
     m_new = tl.maximum(m, tl.max(sc, axis=1))
-    alpha = tl.exp(m - m_new)
-    pr = tl.exp(sc - m_new[:, None])
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - m_ref)
+    pr = tl.exp(sc - m_ref[:, None])
     l = l * alpha + tl.sum(pr, axis=1)
-    acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * vt[None, :, :], axis=1)
+    if DOT:
+        acc = tl.dot(pr.to(vt.dtype), vt, acc * alpha[:, None], input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * vt.to(tl.float32)[None, :, :], axis=1)
     return m_new, l, acc
+
+
+@triton.jit
+def _split(t, kt, vt, lo, kv_end, coff, qkv_ptr, lengths_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr, tickets_ptr,
+           attn_ptr, eps, inv_freq, qn, qn_p, kn, kn_p, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+           NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, W: tl.constexpr, D_PAD: tl.constexpr,
+           G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr):
+    """Tile t = split s of (b, g), given the first block (kt, vt) of its cached positions
+    [lo, kv_end) (all masked when the split has none), walked in blocks of W positions."""
+    G: tl.constexpr = HQ // HKV
+    N: tl.constexpr = (HQ + 2 * HKV) * D
+    HALF: tl.constexpr = D // 2
+    QM: tl.constexpr = G_PAD if (G_PAD > 16 or not DOT) else 16   # tl.dot needs 16 rows
+    R: tl.constexpr = QM // G_PAD                     # so each head's q fills R rows of the operand
+    dd = tl.arange(0, D_PAD)
+    dmask = dd < D
+    pd = (dd + HALF) % D                              # rotate_half partner of each element
+    sign = tl.where(dd < HALF, -1.0, 1.0)
+    hg = tl.arange(0, G_PAD)
+    gmask = (hg < G)[:, None] & dmask[None, :]
+    hh = tl.arange(0, QM)
+    hmask = (hh % R == 0) & (hh // R < G)             # one row per head is stored
+    scale = 1.0 / tl.sqrt(D * 1.0)
+    s = t % NSPLIT
+    g = (t // NSPLIT) % HKV
+    b = t // (NSPLIT * HKV)
+    pos = tl.load(lengths_ptr + b)
+    hi = tl.minimum(lo + tl.cdiv(tl.cdiv(pos + 1, NSPLIT), BLOCK_S) * BLOCK_S, pos + 1)
+    ang = pos.to(tl.float32) * inv_freq
+    cos = tl.cos(ang)
+    sin = tl.sin(ang)
+    base = qkv_ptr + b * N
+    qoff = (g * G + hg)[:, None] * D
+    q = tl.load(base + qoff + dd[None, :], mask=gmask, other=0.0, cache_modifier=".cg")
+    qp = tl.load(base + qoff + pd[None, :], mask=gmask, other=0.0, cache_modifier=".cg")
+    # the new key and value: loaded with q so that all of this tile's reads are in flight at once
+    kb = base + HQ * D + g * D
+    k = tl.load(kb + dd, mask=dmask, other=0.0, cache_modifier=".cg")
+    kp = tl.load(kb + pd, mask=dmask, other=0.0, cache_modifier=".cg")
+    v = tl.load(base + (HQ + HKV) * D + g * D + dd, mask=dmask, other=0.0, cache_modifier=".cg")
+    qr = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / D + eps)
+    q = (q * qr[:, None] * qn[None, :]) * cos[None, :] + \
+        sign[None, :] * (qp * qr[:, None] * qn_p[None, :]) * sin[None, :]
+    if DOT:
+        # norm and RoPE work on the G heads; the dot operand repeats each head's row R times
+        qd = tl.reshape(tl.broadcast_to(q.to(kc_ptr.dtype.element_ty)[:, None, :], [G_PAD, R, D_PAD]),
+                        [QM, D_PAD])
+    else:
+        qd = q
+    m = tl.full([QM], float("-inf"), tl.float32)
+    l = tl.zeros([QM], tl.float32)
+    acc = tl.zeros([QM, D_PAD], tl.float32)
+    m, l, acc = _attend(qd, kt, vt, lo + tl.arange(0, W) < kv_end, m, l, acc, scale, DOT)
+    # the rest of the split: the software pipeline issues the loads of the next NSTAGE - 1
+    # blocks before this block's math (double buffering, in shared memory)
+    for start in tl.range(lo + W, kv_end, W, num_stages=NSTAGE):
+        kb_s, vb_s = _kv_block(kc_ptr, vc_ptr, coff, start, kv_end, dd, dmask, D, W)
+        m, l, acc = _attend(qd, kb_s, vb_s, start + tl.arange(0, W) < kv_end, m, l, acc, scale, DOT)
+    if (pos >= lo) & (pos < hi):
+        # the new token: append its key and value, and attend to it from registers
+        kr = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / D + eps)
+        k_new = ((k * kr * kn) * cos + sign * (kp * kr * kn_p) * sin).to(kc_ptr.dtype.element_ty)
+        v_new = v.to(vc_ptr.dtype.element_ty)
+        tl.store(kc_ptr + coff + pos * D + dd, k_new, mask=dmask)
+        tl.store(vc_ptr + coff + pos * D + dd, v_new, mask=dmask)
+        sc = tl.sum(qd.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1) * scale   # [QM]
+        m_new = tl.maximum(m, sc)
+        alpha = tl.exp(m - m_new)
+        pr = tl.exp(sc - m_new)
+        l = l * alpha + pr
+        acc = acc * alpha[:, None] + pr[:, None] * v_new.to(tl.float32)[None, :]
+        m = m_new
+    row = (b * HQ + g * G + hh // R) * NSPLIT + s
+    tl.store(opart_ptr + row[:, None] * D + dd[None, :], acc, mask=hmask[:, None] & dmask[None, :])
+    tl.store(ml_ptr + row * 2, m, mask=hmask)
+    tl.store(ml_ptr + row * 2 + 1, l, mask=hmask)
+    # publish the partial, take a ticket; the last split of this step combines all of them
+    tl.debug_barrier()
+    ticket = tl.atomic_add(tickets_ptr + b * HKV + g, 1, sem="acq_rel", scope="gpu")
+    if ticket % NSPLIT == NSPLIT - 1:
+        reduce_group(b, g, opart_ptr, ml_ptr, attn_ptr, D, HQ, HKV, NSPLIT, D_PAD, G_PAD, NSPLIT_PAD)
 
 
 @triton.jit
@@ -66,90 +176,36 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
               B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
               NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
               NSPLIT_PAD: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
-    G: tl.constexpr = HQ // HKV
-    N: tl.constexpr = (HQ + 2 * HKV) * D
     HALF: tl.constexpr = D // 2
+    # positions per block walked: a split (a multiple of BLOCK_S) is a whole number of them
+    W_VEC: tl.constexpr = VEC_ELEMS // (G_PAD * D_PAD) if VEC_ELEMS >= G_PAD * D_PAD else 1
+    W: tl.constexpr = BLOCK_S if (DOT or W_VEC >= BLOCK_S) else W_VEC
     dd = tl.arange(0, D_PAD)
     dmask = dd < D
-    pd = (dd + HALF) % D                        # rotate_half partner of each element
-    sign = tl.where(dd < HALF, -1.0, 1.0)
+    pd = (dd + HALF) % D
     inv_freq = tl.load(inv_freq_ptr + dd % HALF, mask=dmask, other=0.0)
     qn = tl.load(qn_ptr + layer * D + dd, mask=dmask, other=0.0).to(tl.float32)
     qn_p = tl.load(qn_ptr + layer * D + pd, mask=dmask, other=0.0).to(tl.float32)
     kn = tl.load(kn_ptr + layer * D + dd, mask=dmask, other=0.0).to(tl.float32)
     kn_p = tl.load(kn_ptr + layer * D + pd, mask=dmask, other=0.0).to(tl.float32)
-    hh = tl.arange(0, G_PAD)
-    hmask = hh < G
-    qmask = hmask[:, None] & dmask[None, :]
-    scale = 1.0 / tl.sqrt(D * 1.0)
     # The first tile's first KV block is loaded before the wait: positions before the new one
     # were written by earlier steps, so like weights they never wait on this step's producers.
-    kt, vt, lo, kv_end, coff = _kv_block(t0, layer, lengths_ptr, kc_ptr, vc_ptr, dd, dmask,
-                                         B, D, HKV, S, NSPLIT, BLOCK_S)
+    lo, kv_end, coff = _split_range(t0, layer, lengths_ptr, B, D, HKV, S, NSPLIT, BLOCK_S)
+    kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
     for t in range(t0, t1):
-        s = t % NSPLIT
-        g = (t // NSPLIT) % HKV
-        b = t // (NSPLIT * HKV)
         if t > t0:
-            kt, vt, lo, kv_end, coff = _kv_block(t, layer, lengths_ptr, kc_ptr, vc_ptr, dd, dmask,
-                                                 B, D, HKV, S, NSPLIT, BLOCK_S)
-        pos = tl.load(lengths_ptr + b)
-        hi = tl.minimum(lo + tl.cdiv(tl.cdiv(pos + 1, NSPLIT), BLOCK_S) * BLOCK_S, pos + 1)
-        ang = pos.to(tl.float32) * inv_freq
-        cos = tl.cos(ang)
-        sin = tl.sin(ang)
-        base = qkv_ptr + b * N
-        qoff = (g * G + hh)[:, None] * D
-        q = tl.load(base + qoff + dd[None, :], mask=qmask, other=0.0, cache_modifier=".cg")
-        qp = tl.load(base + qoff + pd[None, :], mask=qmask, other=0.0, cache_modifier=".cg")
-        # the new key and value: loaded with q so that all of this tile's reads are in flight at once
-        kb = base + HQ * D + g * D
-        k = tl.load(kb + dd, mask=dmask, other=0.0, cache_modifier=".cg")
-        kp = tl.load(kb + pd, mask=dmask, other=0.0, cache_modifier=".cg")
-        v = tl.load(base + (HQ + HKV) * D + g * D + dd, mask=dmask, other=0.0, cache_modifier=".cg")
-        qr = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / D + eps)
-        q = (q * qr[:, None] * qn[None, :]) * cos[None, :] + \
-            sign[None, :] * (qp * qr[:, None] * qn_p[None, :]) * sin[None, :]
-        m = tl.full([G_PAD], float("-inf"), tl.float32)
-        l = tl.zeros([G_PAD], tl.float32)
-        acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-        if lo < kv_end:
-            for start in range(lo, kv_end, BLOCK_S):
-                # the next block's loads go out before this block's math (double buffering)
-                npos = start + BLOCK_S + tl.arange(0, BLOCK_S)
-                noff = coff + npos[:, None] * D + dd[None, :]
-                nmask = (npos < kv_end)[:, None] & dmask[None, :]
-                kt_next = tl.load(kc_ptr + noff, mask=nmask, other=0.0)
-                vt_next = tl.load(vc_ptr + noff, mask=nmask, other=0.0)
-                m, l, acc = _attend(q, kt, vt, start + tl.arange(0, BLOCK_S) < kv_end, m, l, acc, scale)
-                kt = kt_next
-                vt = vt_next
-        if (pos >= lo) & (pos < hi):
-            # the new token: append its key and value, and attend to it from registers
-            kr = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / D + eps)
-            k_new = ((k * kr * kn) * cos + sign * (kp * kr * kn_p) * sin).to(kc_ptr.dtype.element_ty)
-            v_new = v.to(vc_ptr.dtype.element_ty)
-            tl.store(kc_ptr + coff + pos * D + dd, k_new, mask=dmask)
-            tl.store(vc_ptr + coff + pos * D + dd, v_new, mask=dmask)
-            sc = tl.sum(q * k_new.to(tl.float32)[None, :], axis=1) * scale        # [G_PAD]
-            m_new = tl.maximum(m, sc)
-            alpha = tl.exp(m - m_new)
-            pr = tl.exp(sc - m_new)
-            l = l * alpha + pr
-            acc = acc * alpha[:, None] + pr[:, None] * v_new.to(tl.float32)[None, :]
-            m = m_new
-        row = (b * HQ + g * G + hh) * NSPLIT + s
-        tl.store(opart_ptr + row[:, None] * D + dd[None, :], acc, mask=qmask)
-        tl.store(ml_ptr + row * 2, m, mask=hmask)
-        tl.store(ml_ptr + row * 2 + 1, l, mask=hmask)
-        # publish the partial, take a ticket; the last split of this step combines all of them
-        tl.debug_barrier()
-        ticket = tl.atomic_add(tickets_ptr + b * HKV + g, 1, sem="acq_rel", scope="gpu")
-        if ticket % NSPLIT == NSPLIT - 1:
-            reduce_group(b, g, opart_ptr, ml_ptr, attn_ptr, D, HQ, HKV, NSPLIT, D_PAD, G_PAD, NSPLIT_PAD)
+            lo, kv_end, coff = _split_range(t, layer, lengths_ptr, B, D, HKV, S, NSPLIT, BLOCK_S)
+            kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
+        _split(t, kt, vt, lo, kv_end, coff, qkv_ptr, lengths_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr,
+               tickets_ptr, attn_ptr, eps, inv_freq, qn, qn_p, kn, kn_p, D, HQ, HKV, NSPLIT, BLOCK_S, W, D_PAD,
+               G_PAD, NSPLIT_PAD)
+        # the block is dead once attended: carrying it to the next tile would hold its registers
+        # through this whole tile
+        kt = tl.zeros_like(kt)
+        vt = tl.zeros_like(vt)
     return seen
 
 

@@ -12,14 +12,20 @@ NSPLIT*G*(D+2)*4 bytes of L2-resident scratch.
 import triton
 import triton.language as tl
 
+# partials are summed a few splits at a time: [G_PAD, splits, D_PAD] of at most this many elements
+CHUNK_ELEMS: tl.constexpr = tl.constexpr(4096)
+
 
 @triton.jit
 def reduce_group(b, g, opart_ptr, ml_ptr, attn_ptr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                  NSPLIT: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr):
     G: tl.constexpr = HQ // HKV
+    SCH: tl.constexpr = NSPLIT_PAD if G_PAD * NSPLIT_PAD * D_PAD <= CHUNK_ELEMS else \
+        (CHUNK_ELEMS // (G_PAD * D_PAD) if CHUNK_ELEMS >= G_PAD * D_PAD else 1)   # splits per chunk
     dd = tl.arange(0, D_PAD)
     hh = tl.arange(0, G_PAD)
     ss = tl.arange(0, NSPLIT_PAD)
+    cs = tl.arange(0, SCH)
     hmask = hh < G
     head = b * HQ + g * G + hh                                       # [G_PAD]
     mlmask = hmask[:, None] & (ss < NSPLIT)[None, :]
@@ -28,13 +34,16 @@ def reduce_group(b, g, opart_ptr, ml_ptr, attn_ptr, D: tl.constexpr, HQ: tl.cons
     l = tl.load(ml_ptr + mlrow + 1, mask=mlmask, other=0.0, cache_modifier=".cg")
     mx = tl.max(m, axis=1)
     mx = tl.where(mx == float("-inf"), 0.0, mx)
-    wgt = tl.exp(m - mx[:, None])                                    # [G_PAD, NSPLIT_PAD]
-    total = tl.sum(l * wgt, axis=1)
+    total = tl.sum(l * tl.exp(m - mx[:, None]), axis=1)               # [G_PAD]
     total = tl.where(total > 0.0, total, 1.0)
-    # every split's partial in one load: [G_PAD, NSPLIT_PAD, D_PAD]
-    o = tl.load(opart_ptr + (head[:, None, None] * NSPLIT + ss[None, :, None]) * D + dd[None, None, :],
-                mask=mlmask[:, :, None] & (dd < D)[None, None, :], other=0.0, cache_modifier=".cg")
-    acc = tl.sum(o * wgt[:, :, None], axis=1)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    for c0 in range(0, NSPLIT, SCH):
+        cmask = hmask[:, None] & (c0 + cs < NSPLIT)[None, :]
+        crow = head[:, None] * NSPLIT + c0 + cs[None, :]                  # [G_PAD, SCH]
+        wgt = tl.exp(tl.load(ml_ptr + crow * 2, mask=cmask, other=float("-inf"), cache_modifier=".cg") - mx[:, None])
+        o = tl.load(opart_ptr + crow[:, :, None] * D + dd[None, None, :],
+                    mask=cmask[:, :, None] & (dd < D)[None, None, :], other=0.0, cache_modifier=".cg")
+        acc += tl.sum(o * wgt[:, :, None], axis=1)
     out = acc / total[:, None]
     tl.store(attn_ptr + b * (HQ * D) + (g * G + hh)[:, None] * D + dd[None, :], out,
              mask=hmask[:, None] & (dd < D)[None, :])

@@ -154,12 +154,23 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
     H, D, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     G = cfg.group_size
     qkv_rows = cfg.qkv_size
-    if nsplit is None:
-        # one attention tile per worker at most; short contexts leave the later splits empty
-        nsplit = _pow2_floor(max(1, workers // (batch_size * cfg.num_key_value_heads)))
-        nsplit = max(1, min(nsplit, next_pow2(-(-max_seq_len // 16))))
     g_pad, d_pad = next_pow2(G), next_pow2(D)
-    block_s = max(16, min(64, _pow2_floor(8192 // (g_pad * d_pad))))
+    # Attention walks a split in blocks of BLOCK_S positions (tl.dot needs >= 16): 32 x 128 keys
+    # and values are 8 KB each in bf16. The tile keeps NSTAGE - 1 blocks in flight in shared
+    # memory (instructions/attention.py), so the block size sets the registers of one block's
+    # dot operands, not the bytes in flight: 64 costs the megakernel spills
+    # (python -m megakernel.compile_check --set BLOCK_S=64)
+    block_s = max(16, min(64, _pow2_floor(4096 // d_pad)))
+    if nsplit is None:
+        # One attention tile per worker at most: with every worker busy at a long context, more
+        # splits would only give a worker two tiles in a row (the tape is static), each with its
+        # own q, partial and ticket, and a longer combine. A power of two: 32, not 33, for 264
+        # workers and 8 kv heads (33 works too, but cost the megakernel 40 more bytes of spills
+        # on Triton 3.6 in compile_check). Splits are cut at run time from the current length,
+        # so at a short context the later ones are empty; never more splits than blocks at
+        # max_seq_len.
+        nsplit = _pow2_floor(max(1, workers // (batch_size * cfg.num_key_value_heads)))
+        nsplit = max(1, min(nsplit, next_pow2(-(-max_seq_len // block_s))))
     plan = Plan(
         B=batch_size, H=H, D=D, HQ=cfg.num_attention_heads, HKV=cfg.num_key_value_heads, I=I,
         V=cfg.vocab_size, L=cfg.num_hidden_layers, S=max_seq_len,

@@ -51,13 +51,30 @@ def test_tensor_core_batch_equals_each_sequence_alone(tiny_checkpoint, seed):
         assert torch.equal(batch[b], alone[0]), f"sequence {b}: batch {batch[b].tolist()} alone {alone[0].tolist()}"
 
 
-def test_long_context_split_attention(tiny_checkpoint, seed):
-    """A 300-token prompt on a hidden-64 model, attention cut into 4 splits of many blocks each."""
+@pytest.mark.parametrize("backend,nsplit,block_s,dot", [
+    ("megakernel", 5, 16, True),     # 5 splits of 4 blocks; one worker runs all tiles as one instruction
+    ("per-op", 8, 32, True),         # 5 busy splits of 2 blocks, 3 empty ones; one program per tile
+    ("megakernel", 4, 64, True),     # the tiny model's default block: 1 or 2 blocks per split
+    ("megakernel", 4, 64, False),    # Ascend's vector-unit products, walked in 16-position blocks
+])
+def test_long_context_split_attention(tiny_checkpoint, seed, monkeypatch, backend, nsplit, block_s, dot):
+    """A 300-token prompt on a hidden-64 model: attention cut into splits of several KV blocks
+    (full, partly masked and empty ones; the new token in the last busy split), combined by the
+    last split to finish (two splits at a time, as a GPU's 32 do), against the reference."""
+    import triton.language as tl
+
+    import instructions.attention as attention
+    import instructions.reduce as reduce
+    monkeypatch.setattr(reduce, "CHUNK_ELEMS", tl.constexpr(2 * 2 * 16))
+    if not dot:
+        monkeypatch.setattr(attention, "DOT", tl.constexpr(False))
+        monkeypatch.setattr(attention, "VEC_ELEMS", tl.constexpr(2 * 16 * 16))
     tiny = tiny_checkpoint(hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16)
     model = load_model(str(tiny.folder), device="cpu", progress=False)
     prompt = random_prompt(300, tiny.vocab_size, seed)
     ref = MegaQwen3(model, max_seq_len=320, backend="reference")
-    mk = MegaQwen3(model, max_seq_len=320, backend="megakernel", plan_overrides={"NSPLIT": 4, "NSPLIT_PAD": 4})
+    mk = MegaQwen3(model, max_seq_len=320, backend=backend,
+                   plan_overrides={"NSPLIT": nsplit, "NSPLIT_PAD": 1 << (nsplit - 1).bit_length(), "BLOCK_S": block_s})
     want = ref.generate([prompt], max_new_tokens=4)
     got = mk.generate([prompt], max_new_tokens=4)
     assert torch.equal(got, want)
