@@ -141,9 +141,8 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr,
 # sequences would alone). A chunk holds about W_ELEMS weights per matrix and at most X_ELEMS_*
 # inputs: with 4 warps, 16 per thread on tensor cores (4096 spills on Triton 3.6) and 32 in
 # float32, where each warp holds the whole chunk.
-# Where the batched path runs is BATCHED_FROM (a tile loops over the sequences below it): the
-# first float32 version took 1.97 / 5.15 ms at batch 4 / 8 on the H200 (0.6b) against the loop's
-# 1.59 / 2.59 (bench/NOTES.md 14); the version here reduces once per tile and is being measured.
+# The batched path runs from BATCHED_FROM rows (2: every batch; below it a tile loops over the
+# sequences): measured in bench/NOTES.md 14 and 16.
 BATCH_DOT: tl.constexpr = tl.constexpr(ops.BATCH_DOT)   # the plan sizes tiles for it (make_plan)
 BATCHED_FROM: tl.constexpr = tl.constexpr(ops.BATCHED_FROM)
 SMEM_BYTES: tl.constexpr = tl.constexpr(65536)
@@ -293,7 +292,7 @@ def batch_mask(acc, row0, row_end, B: tl.constexpr, R: tl.constexpr):
 def gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr, cnt_ptr, target,
                B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
                NORM: tl.constexpr, EPI: tl.constexpr, NT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
-    """``gemv_tile`` from BATCH_DOT rows: out[B, rows] = X[B, K] @ W[rows, K]^T, weights read once per tile
+    """``gemv_tile`` from BATCHED_FROM rows: out[B, rows] = X[B, K] @ W[rows, K]^T, weights read once per tile
     for all B rows (each row RMS-normalised with its own statistics when NORM)."""
     row_end = tl.minimum(t1 * R, N)
     seen = target

@@ -65,7 +65,7 @@ def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_p
 def gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                  B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
                  WAIT: tl.constexpr, SPIN: tl.constexpr):
-    """``gateup_tile`` from BATCH_DOT rows: gate and up weights read once per tile for all B rows, which
+    """``gateup_tile`` from BATCHED_FROM rows: gate and up weights read once per tile for all B rows, which
     share each K-chunk's input load (``common.batch_rows``)."""
     g_ptr = wgu_ptr + tl.cast(layer, tl.int64) * (2 * I * H)
     u_ptr = g_ptr + I * H

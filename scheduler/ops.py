@@ -127,9 +127,10 @@ class Plan:
 # lives here so that the scheduler imports no Triton).
 BATCH_DOT = 16
 # From this batch the GEMV tiles read their weights once for all rows (float32 product below
-# BATCH_DOT); below it they loop over the sequences. MEGAKERNEL_BATCHED_FROM overrides it for a
-# measurement in a fresh process (bench/NOTES.md 14-15).
-BATCHED_FROM = int(os.environ.get("MEGAKERNEL_BATCHED_FROM", BATCH_DOT))
+# BATCH_DOT): on the H200 (0.6b) 1.44 / 1.82 ms at batch 4 / 8 against 1.72 / 2.61 for the loop over
+# the sequences (bench/NOTES.md 16). MEGAKERNEL_BATCHED_FROM overrides it for a measurement in a
+# fresh process (a value above 16 brings the loop back).
+BATCHED_FROM = int(os.environ.get("MEGAKERNEL_BATCHED_FROM", 2))
 
 # Rows of weights one tile holds in registers: about this many elements per K-chunk.
 TILE_ELEMS = 16384
