@@ -31,9 +31,9 @@ from scheduler.ops import Op
 from .common import ASCEND, wait_counter
 from .reduce import reduce_group, reduce_ref
 
-# KV blocks per split in the software pipeline: NSTAGE - 1 in flight (3 x 16 KB at BLOCK_S 32 and
-# head_dim 128, bf16) while one is attended; each takes its K and V block of shared memory.
-NSTAGE: tl.constexpr = tl.constexpr(4)
+# KV blocks per split in the software pipeline: NSTAGE (the plan's KV_STAGES) - 1 in flight (3 x
+# 16 KB at 4 stages, BLOCK_S 32 and head_dim 128, bf16) while one is attended; each takes its K and
+# V block of shared memory.
 # The block math on tensor cores. Not on Ascend: tl.dot makes a kernel cube + vector ("mix"),
 # launched on AI cores, while the persistent grid is sized for the vector cores; there the
 # products stay on the vector unit, in blocks small enough for its buffer.
@@ -93,7 +93,7 @@ def _attend(qd, kt, vt, valid, m, l, acc, scale, DOT: tl.constexpr):
 def _split(t, kt, vt, lo, kv_end, coff, qkv_ptr, lengths_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr, tickets_ptr,
            attn_ptr, eps, inv_freq, qn, qn_p, kn, kn_p, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
            NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, W: tl.constexpr, D_PAD: tl.constexpr,
-           G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr):
+           G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr):
     """Tile t = split s of (b, g), given the first block (kt, vt) of its cached positions
     [lo, kv_end) (all masked when the split has none), walked in blocks of W positions."""
     G: tl.constexpr = HQ // HKV
@@ -175,7 +175,7 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
               opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt_ptr, target,
               B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
               NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
-              NSPLIT_PAD: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
+              NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
     HALF: tl.constexpr = D // 2
     # positions per block walked: a split (a multiple of BLOCK_S) is a whole number of them
     W_VEC: tl.constexpr = VEC_ELEMS // (G_PAD * D_PAD) if VEC_ELEMS >= G_PAD * D_PAD else 1
@@ -201,7 +201,7 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
             kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
         _split(t, kt, vt, lo, kv_end, coff, qkv_ptr, lengths_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr,
                tickets_ptr, attn_ptr, eps, inv_freq, qn, qn_p, kn, kn_p, D, HQ, HKV, NSPLIT, BLOCK_S, W, D_PAD,
-               G_PAD, NSPLIT_PAD)
+               G_PAD, NSPLIT_PAD, NSTAGE)
         # the block is dead once attended: carrying it to the next tile would hold its registers
         # through this whole tile
         kt = tl.zeros_like(kt)
@@ -213,18 +213,19 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
 def attn_kernel(layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr,
                 tickets_ptr, attn_ptr, eps, B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                 S: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr,
-                G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr):
+                G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr):
     pid = tl.program_id(0)
     attn_tile(pid, pid + 1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, kc_ptr, vc_ptr,
               opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, lengths_ptr, 0, B, D, HQ, HKV, S, NSPLIT, BLOCK_S,
-              D_PAD, G_PAD, NSPLIT_PAD, False, 0)
+              D_PAD, G_PAD, NSPLIT_PAD, NSTAGE, False, 0)
 
 
 def attention(st, p, layer):
     attn_kernel[(p.tiles(Op.ATTN),)](
         layer, st.qkv, st.w.q_norm, st.w.k_norm, st.inv_freq, st.lengths, st.k_cache, st.v_cache,
         st.opart, st.ml, st.tickets, st.attn, st.eps, B=p.B, D=p.D, HQ=p.HQ, HKV=p.HKV, S=p.S, NSPLIT=p.NSPLIT,
-        BLOCK_S=p.BLOCK_S, D_PAD=p.D_PAD, G_PAD=p.G_PAD, NSPLIT_PAD=p.NSPLIT_PAD, num_warps=st.num_warps)
+        BLOCK_S=p.BLOCK_S, D_PAD=p.D_PAD, G_PAD=p.G_PAD, NSPLIT_PAD=p.NSPLIT_PAD, NSTAGE=p.KV_STAGES,
+        num_warps=st.num_warps)
 
 
 def attention_ref(st, p, layer, t0, t1):

@@ -99,11 +99,12 @@ ARGMAX: tl.constexpr = tl.constexpr(2)     # out[b, rows] = acc; per tile (max, 
 @triton.jit
 def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr, cnt_ptr, target,
               B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-              NORM: tl.constexpr, EPI: tl.constexpr, NT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
+              NORM: tl.constexpr, EPI: tl.constexpr, NT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr,
+              BT: tl.constexpr):
     """Tiles [t0, t1) of rows R of a row-major [N, K] GEMV over each of B input rows (RMS-normalised
     with weight ``nw`` when NORM), with the epilogue EPI. The first tile's weights are loaded before
     the wait (weights never depend on activations), each next tile's while this one computes."""
-    if B >= BATCHED_FROM:
+    if BT:
         return gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr, cnt_ptr, target,
                           B, N, K, R, BK, NORM, EPI, NT, WAIT, SPIN)
     row_end = tl.minimum(t1 * R, N)
@@ -141,10 +142,10 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr,
 # sequences would alone). A chunk holds about W_ELEMS weights per matrix and at most X_ELEMS_*
 # inputs: with 4 warps, 16 per thread on tensor cores (4096 spills on Triton 3.6) and 32 in
 # float32, where each warp holds the whole chunk.
-# The batched path runs from BATCHED_FROM rows (2: every batch; below it a tile loops over the
-# sequences): measured in bench/NOTES.md 14 and 16.
+# The batched path runs where the plan says (BT, the plan's BATCHED: from batch 16, and from 2
+# where every worker has few tiles per GEMV; elsewhere a tile loops over the sequences, its next
+# tile's weights loading while it computes): measured in bench/NOTES.md 14, 16 and 18.
 BATCH_DOT: tl.constexpr = tl.constexpr(ops.BATCH_DOT)   # the plan sizes tiles for it (make_plan)
-BATCHED_FROM: tl.constexpr = tl.constexpr(ops.BATCHED_FROM)
 SMEM_BYTES: tl.constexpr = tl.constexpr(65536)
 MAX_AHEAD: tl.constexpr = tl.constexpr(4)
 W_ELEMS: tl.constexpr = tl.constexpr(4096)
@@ -292,7 +293,7 @@ def batch_mask(acc, row0, row_end, B: tl.constexpr, R: tl.constexpr):
 def gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr, cnt_ptr, target,
                B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
                NORM: tl.constexpr, EPI: tl.constexpr, NT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
-    """``gemv_tile`` from BATCHED_FROM rows: out[B, rows] = X[B, K] @ W[rows, K]^T, weights read once per tile
+    """``gemv_tile`` for batched plans: out[B, rows] = X[B, K] @ W[rows, K]^T, weights read once per tile
     for all B rows (each row RMS-normalised with its own statistics when NORM)."""
     row_end = tl.minimum(t1 * R, N)
     seen = target

@@ -16,23 +16,23 @@ import triton.language as tl
 
 from scheduler.ops import Op
 
-from .common import ARGMAX, BATCHED_FROM, RESIDUAL, batch_mask, batch_rows, dot_rows, gemv_tile, load_w, load_xn, wait_counter
+from .common import ARGMAX, RESIDUAL, batch_mask, batch_rows, dot_rows, gemv_tile, load_w, load_xn, wait_counter
 
 
 @triton.jit
 def residual_tile(t0, t1, layer, in_ptr, w_base, x_ptr, cnt_ptr, target,
                   B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-                  WAIT: tl.constexpr, SPIN: tl.constexpr):
+                  WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr):
     """x[b, rows] += W[layer, rows] @ in[b] (OPROJ with in = attn, DOWN with in = act)."""
     return gemv_tile(t0, t1, w_base + tl.cast(layer, tl.int64) * (N * K), in_ptr, in_ptr, 0.0, x_ptr, x_ptr,
-                     in_ptr, cnt_ptr, target, B, N, K, R, BK, False, RESIDUAL, 0, WAIT, SPIN)
+                     in_ptr, cnt_ptr, target, B, N, K, R, BK, False, RESIDUAL, 0, WAIT, SPIN, BT)
 
 
 @triton.jit
 def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                 B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-                WAIT: tl.constexpr, SPIN: tl.constexpr):
-    if B >= BATCHED_FROM:
+                WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr):
+    if BT:
         return gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                             B, H, I, R, BK, WAIT, SPIN)
     g_ptr = wgu_ptr + tl.cast(layer, tl.int64) * (2 * I * H)
@@ -65,7 +65,7 @@ def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_p
 def gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                  B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
                  WAIT: tl.constexpr, SPIN: tl.constexpr):
-    """``gateup_tile`` from BATCHED_FROM rows: gate and up weights read once per tile for all B rows, which
+    """``gateup_tile`` for batched plans: gate and up weights read once per tile for all B rows, which
     share each K-chunk's input load (``common.batch_rows``)."""
     g_ptr = wgu_ptr + tl.cast(layer, tl.int64) * (2 * I * H)
     u_ptr = g_ptr + I * H
@@ -89,53 +89,54 @@ def gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_
 @triton.jit
 def lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, eps, cnt_ptr, target,
                 B: tl.constexpr, H: tl.constexpr, V: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-                NT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
+                NT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr):
     return gemv_tile(t0, t1, lm_ptr, x_ptr, fnorm_ptr, eps, logits_ptr, amax_v_ptr, amax_i_ptr, cnt_ptr, target,
-                     B, V, H, R, BK, True, ARGMAX, NT, WAIT, SPIN)
+                     B, V, H, R, BK, True, ARGMAX, NT, WAIT, SPIN, BT)
 
 
 @triton.jit
 def oproj_kernel(layer, attn_ptr, wo_ptr, x_ptr, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                 R: tl.constexpr, BK: tl.constexpr):
+                 R: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
     pid = tl.program_id(0)
-    residual_tile(pid, pid + 1, layer, attn_ptr, wo_ptr, x_ptr, attn_ptr, 0, B, N, K, R, BK, False, 0)
+    residual_tile(pid, pid + 1, layer, attn_ptr, wo_ptr, x_ptr, attn_ptr, 0, B, N, K, R, BK, False, 0, BT)
 
 
 @triton.jit
 def gateup_kernel(layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, B: tl.constexpr, H: tl.constexpr,
-                  I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
+                  I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
     pid = tl.program_id(0)
     gateup_tile(pid, pid + 1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, x_ptr, 0, B, H, I, R, BK,
-                False, 0)
+                False, 0, BT)
 
 
 @triton.jit
 def lmhead_kernel(x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, eps, B: tl.constexpr,
-                  H: tl.constexpr, V: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, NT: tl.constexpr):
+                  H: tl.constexpr, V: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, NT: tl.constexpr,
+                  BT: tl.constexpr):
     pid = tl.program_id(0)
     lmhead_tile(pid, pid + 1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, eps, x_ptr, 0,
-                B, H, V, R, BK, NT, False, 0)
+                B, H, V, R, BK, NT, False, 0, BT)
 
 
 def oproj(st, p, layer):
     oproj_kernel[(p.tiles(Op.OPROJ),)](layer, st.attn, st.w.wo, st.x, B=p.B, N=p.H, K=p.HQ * p.D, R=p.R_O,
-                                       BK=p.BK_Q, num_warps=st.num_warps)
+                                       BK=p.BK_Q, BT=p.BATCHED, num_warps=st.num_warps)
 
 
 def gateup(st, p, layer):
     gateup_kernel[(p.tiles(Op.GATEUP),)](layer, st.x, st.w.wgate_up, st.w.post_norm, st.act, st.eps, B=p.B,
-                                         H=p.H, I=p.I, R=p.R_GU, BK=p.BK_H, num_warps=st.num_warps)
+                                         H=p.H, I=p.I, R=p.R_GU, BK=p.BK_H, BT=p.BATCHED, num_warps=st.num_warps)
 
 
 def down(st, p, layer):
     oproj_kernel[(p.tiles(Op.DOWN),)](layer, st.act, st.w.wdown, st.x, B=p.B, N=p.H, K=p.I, R=p.R_DOWN,
-                                      BK=p.BK_I, num_warps=st.num_warps)
+                                      BK=p.BK_I, BT=p.BATCHED, num_warps=st.num_warps)
 
 
 def lmhead(st, p, layer=0):
     lmhead_kernel[(p.tiles(Op.LMHEAD),)](st.x, st.w.lm_head, st.w.final_norm, st.logits, st.amax_v, st.amax_i,
                                          st.eps, B=p.B, H=p.H, V=p.V, R=p.R_LM, BK=p.BK_H,
-                                         NT=p.tiles(Op.LMHEAD), num_warps=st.num_warps)
+                                         NT=p.tiles(Op.LMHEAD), BT=p.BATCHED, num_warps=st.num_warps)
 
 
 def _rows(t0, t1, R, N):

@@ -18,22 +18,23 @@ from .common import STORE, gemv_tile
 @triton.jit
 def qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, cnt_ptr, target,
              B: tl.constexpr, H: tl.constexpr, N: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-             WAIT: tl.constexpr, SPIN: tl.constexpr):
+             WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr):
     return gemv_tile(t0, t1, wqkv_ptr + tl.cast(layer, tl.int64) * (N * H), x_ptr, innorm_ptr + layer * H, eps,
-                     qkv_ptr, qkv_ptr, x_ptr, cnt_ptr, target, B, N, H, R, BK, True, STORE, 0, WAIT, SPIN)
+                     qkv_ptr, qkv_ptr, x_ptr, cnt_ptr, target, B, N, H, R, BK, True, STORE, 0, WAIT, SPIN, BT)
 
 
 @triton.jit
 def qkv_kernel(layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, B: tl.constexpr, H: tl.constexpr,
-               N: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
+               N: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
     pid = tl.program_id(0)
     qkv_tile(pid, pid + 1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, x_ptr, 0,
-             B, H, N, R, BK, False, 0)
+             B, H, N, R, BK, False, 0, BT)
 
 
 def qkv(st, p, layer):
     qkv_kernel[(p.tiles(Op.QKV),)](layer, st.x, st.w.wqkv, st.w.input_norm, st.qkv, st.eps,
-                               B=p.B, H=p.H, N=p.QKV_ROWS, R=p.R_QKV, BK=p.BK_H, num_warps=st.num_warps)
+                               B=p.B, H=p.H, N=p.QKV_ROWS, R=p.R_QKV, BK=p.BK_H, BT=p.BATCHED,
+                               num_warps=st.num_warps)
 
 
 def qkv_ref(st, p, layer, t0, t1):

@@ -47,7 +47,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                R_QKV: tl.constexpr, R_O: tl.constexpr, R_GU: tl.constexpr, R_DOWN: tl.constexpr,
                R_LM: tl.constexpr, BK_H: tl.constexpr, BK_Q: tl.constexpr, BK_I: tl.constexpr,
                NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
-               NSPLIT_PAD: tl.constexpr, NT_LM: tl.constexpr,
+               NSPLIT_PAD: tl.constexpr, KV_STAGES: tl.constexpr, BATCHED: tl.constexpr, NT_LM: tl.constexpr,
                SPIN: tl.constexpr, TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr):
     pid = tl.program_id(0)
     n = tl.load(tape_len_ptr + pid)
@@ -86,23 +86,23 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
         seen = target
         if op == OP_QKV:
             seen = qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, cnt, target,
-                            B, H, QKV_N, R_QKV, BK_H, True, SPIN)
+                            B, H, QKV_N, R_QKV, BK_H, True, SPIN, BATCHED)
         elif op == OP_ATTN:
             seen = attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, kc_ptr, vc_ptr,
                              opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt, target, B, D, HQ, HKV, S, NSPLIT,
-                             BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, True, SPIN)
+                             BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, True, SPIN)
         elif op == OP_OPROJ:
             seen = residual_tile(t0, t1, layer, attn_ptr, wo_ptr, x_ptr, cnt, target, B, H, HQ * D, R_O,
-                                 BK_Q, True, SPIN)
+                                 BK_Q, True, SPIN, BATCHED)
         elif op == OP_GATEUP:
             seen = gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt, target,
-                               B, H, I, R_GU, BK_H, True, SPIN)
+                               B, H, I, R_GU, BK_H, True, SPIN, BATCHED)
         elif op == OP_DOWN:
             seen = residual_tile(t0, t1, layer, act_ptr, wdown_ptr, x_ptr, cnt, target, B, H, I, R_DOWN,
-                                 BK_I, True, SPIN)
+                                 BK_I, True, SPIN, BATCHED)
         elif op == OP_LMHEAD:
             seen = lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, eps,
-                               cnt, target, B, H, V, R_LM, BK_H, NT_LM, True, SPIN)
+                               cnt, target, B, H, V, R_LM, BK_H, NT_LM, True, SPIN, BATCHED)
         elif op == OP_ARGMAX:
             seen = argmax_tile(t0, t1, amax_v_ptr, amax_i_ptr, tokens_ptr, lengths_ptr, cnt, target, NT_LM,
                                1024, True, SPIN)

@@ -17,7 +17,6 @@ scheduler is testable in milliseconds).
 from __future__ import annotations
 
 import enum
-import os
 from dataclasses import asdict, dataclass, replace
 
 WORDS = 8
@@ -101,6 +100,8 @@ class Plan:
     D_PAD: int
     G_PAD: int
     NSPLIT_PAD: int
+    KV_STAGES: int = 3  # attention's software pipeline over KV blocks (KV_STAGES - 1 in flight; 1: none)
+    BATCHED: int = 0    # GEMV tiles read weights once for all B rows (1) or loop over the sequences (0)
 
     @property
     def QKV_ROWS(self) -> int:
@@ -126,11 +127,13 @@ class Plan:
 # From this batch the GEMV tiles multiply with tl.dot (instructions.common.BATCH_DOT reads it; it
 # lives here so that the scheduler imports no Triton).
 BATCH_DOT = 16
-# From this batch the GEMV tiles read their weights once for all rows (float32 product below
-# BATCH_DOT): on the H200 (0.6b) 1.44 / 1.82 ms at batch 4 / 8 against 1.72 / 2.61 for the loop over
-# the sequences (bench/NOTES.md 16). MEGAKERNEL_BATCHED_FROM overrides it for a measurement in a
-# fresh process (a value above 16 brings the loop back).
-BATCHED_FROM = int(os.environ.get("MEGAKERNEL_BATCHED_FROM", 2))
+# Batched GEMV tiles (weights read once per tile for all B rows, K pipelined in chunks) from batch
+# 2 where the batch-1 tile sizes give every worker at most this many tiles of each GEMV; with more,
+# each tile's pipeline fill costs more than the batch saves, and the tiles loop over the
+# sequences instead (their next tile's weights loading while they compute). H200: 0.6b (at most 2
+# tiles) b4/b8 1.72/2.61 -> 1.44/1.82 ms batched; 8b (up to 24 tiles) 15.7/28.2 -> 34.0/101 ms.
+# bench/NOTES.md 16 and 18. From BATCH_DOT the tiles are always batched, with 16 rows.
+BATCHED_MAX_TILES = 4
 
 # Rows of weights one tile holds in registers: about this many elements per K-chunk.
 TILE_ELEMS = 16384
@@ -180,7 +183,16 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         R_GU=max(1, _rows(I, H, workers, max_bk=max_bk) // 2), R_DOWN=_rows(H, I, workers, max_bk=max_bk),
         R_LM=lm_rows or _rows(cfg.vocab_size, H, workers, cap=16, max_bk=max_bk),
         BK_H=_block_k(H, max_bk), BK_Q=_block_k(cfg.q_size, max_bk), BK_I=_block_k(I, max_bk),
-        NSPLIT=nsplit, BLOCK_S=block_s, D_PAD=d_pad, G_PAD=g_pad, NSPLIT_PAD=next_pow2(nsplit))
+        NSPLIT=nsplit, BLOCK_S=block_s, D_PAD=d_pad, G_PAD=g_pad, NSPLIT_PAD=next_pow2(nsplit),
+        # Blocks in flight per attention tile: 3 stages (two blocks ahead, 33 KB of shared memory)
+        # unless a split can be long. The megakernel's shared memory is the largest any of its
+        # instructions needs, and each KB of it is a KB less of L1 for every instruction: 4 stages
+        # (50 KB) cost 0.6b 0.850 vs 0.771 ms and 8b 5.32 vs 4.76 ms at a short context on the H200,
+        # and won only at 32k (1.81 vs 2.08 ms with 2). bench/NOTES.md 18.
+        KV_STAGES=4 if max_seq_len >= 8192 else 3)
+    per_worker = max(-(-plan.tiles(op) // workers) for op in (Op.QKV, Op.OPROJ, Op.GATEUP, Op.DOWN))
+    if batch_size >= BATCH_DOT or (batch_size >= 2 and per_worker <= BATCHED_MAX_TILES):
+        plan = replace(plan, BATCHED=1)
     if batch_size >= BATCH_DOT:
         # the tensor-core tiles pad rows to 16 anyway, and each tile pays its K pipeline's fill:
         # fewer, fuller tiles

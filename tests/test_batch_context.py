@@ -10,16 +10,21 @@ from megakernel import MegaQwen3, load_model
 from test_reference_vs_hf import random_prompt, rel_err
 
 
-@pytest.mark.parametrize("backend,opts", [("reference", {}), ("megakernel", {"max_bk": 32})],
-                         ids=["reference", "megakernel"])
-def test_batch_equals_each_sequence_alone(tiny_checkpoint, seed, backend, opts):
-    """Batch 3 (float32 batched GEMV tiles), with 32-wide K-chunks so that every GEMV loops over
-    several chunks."""
+@pytest.mark.parametrize("backend,opts,batch_opts", [
+    ("reference", {}, {}),
+    ("megakernel", {"max_bk": 32}, {}),                                  # one worker: tiles loop over sequences
+    ("megakernel", {"max_bk": 32}, {"plan_overrides": {"BATCHED": 1}}),  # float32 batched tiles
+], ids=["reference", "megakernel-loop", "megakernel-batched"])
+def test_batch_equals_each_sequence_alone(tiny_checkpoint, seed, backend, opts, batch_opts):
+    """Batch 3 against each sequence alone at batch 1, with 32-wide K-chunks so that every GEMV
+    loops over several chunks; the batch's tiles loop over the sequences or (as the plan picks on
+    a GPU with few tiles per worker) read their weights once for all three."""
     tiny = tiny_checkpoint(hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16)
     model = load_model(str(tiny.folder), device="cpu", progress=False)
     prompts = [random_prompt(n, tiny.vocab_size, seed + n) for n in (9, 3, 6)]
     steps = 10
-    mk = MegaQwen3(model, max_seq_len=32, batch_size=3, backend=backend, **opts)
+    mk = MegaQwen3(model, max_seq_len=32, batch_size=3, backend=backend, **opts, **batch_opts)
+    assert mk.backend.plan.BATCHED == (1 if batch_opts else 0) if backend != "reference" else True
     batch = mk.generate(prompts, max_new_tokens=steps)
     for b, p in enumerate(prompts):
         alone = MegaQwen3(model, max_seq_len=32, batch_size=1, backend=backend, **opts)
