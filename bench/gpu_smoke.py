@@ -36,7 +36,8 @@ for be in args.backends.split(","):
         keys = {"nw": "num_warps", "wps": "workers_per_sm", "bk": "max_bk"}
         keys["trace"] = "trace"
         opts = {keys[k]: int(v) for k, v in (x.split("=") for x in kv) if k in keys}
-        plan = {k: int(v) for k, v in (x.split("=") for x in kv) if k not in keys}
+        opts.update({"strategy": v for k, v in (x.split("=") for x in kv) if k == "st"})
+        plan = {k: int(v) for k, v in (x.split("=") for x in kv) if k not in keys and k != "st"}
         if plan:
             opts["plan_overrides"] = plan
         mk = MegaQwen3(model, max_seq_len=1024, batch_size=1, backend=name, **opts)

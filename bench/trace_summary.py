@@ -2,7 +2,10 @@
 
 Prints, per instruction kind, the time per worker and per instruction (waits included), and for a
 few layers when each stage's first instruction started and its last one ended: the gaps between
-stage ends are the dependent-step latencies the performance notes talk about.
+stage ends are the dependent-step latencies the performance notes talk about. Then, per stage, where
+that gap goes, from the tiles' phase stamps (``instructions.common.stamp``), in microseconds after the
+previous stage's last end: when the wait returned (median over the stage's instructions and for the
+one that ended last), then that last instruction's input load, math, and stores plus release.
 
     python3 bench/trace_summary.py trace.json [--layers 3,4]
 """
@@ -43,6 +46,34 @@ def main():
             gap = f"  +{end - prev:.1f} after the previous stage" if prev is not None else ""
             print(f"layer {layer} {op:7} first start {start:8.1f} last end {end:8.1f}{gap}")
             prev = end
+        phases(events, layer)
+
+
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else float("nan")
+
+
+def phases(events, layer):
+    """The gap of each stage of ``layer`` split by the phase stamps (see the module docstring)."""
+    prev = None
+    print(f"layer {layer}, us after the previous stage's last end: median wait return over the stage; the "
+          "instruction that ended last: start, wait returned, input arrived, first tile's math done "
+          "(attention: ticket taken), last tile's math done, end (after its release)")
+    for op in STAGES:
+        evs = [e for e in events if e["name"] == op and e["args"]["layer"] == layer]
+        if not evs:
+            continue
+        last = max(evs, key=lambda e: e["ts"] + e["dur"])
+        end = last["ts"] + last["dur"]
+        if prev is not None and "waited" in last["args"]:
+            a = last["args"]
+            rel = last["ts"] - prev
+            w_med = _median([e["ts"] + e["args"]["waited"] - prev for e in evs if "waited" in e["args"]])
+            cols = " ".join(f"{k} {rel + a[k]:5.1f}" for k in ("waited", "input", "first", "computed") if k in a)
+            print(f"  {op:7} wait(med) {w_med:5.1f} | start {rel:5.1f} {cols} end {end - prev:5.1f}"
+                  f"  (worker {last['tid']}, {len(evs)} instructions)")
+        prev = end
 
 
 if __name__ == "__main__":

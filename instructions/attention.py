@@ -28,7 +28,7 @@ import triton.language as tl
 
 from scheduler.ops import Op
 
-from .common import ASCEND, wait_counter
+from .common import ASCEND, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, W_CACHE, stamp, wait_counter
 from .reduce import reduce_group, reduce_ref
 
 # KV blocks per split in the software pipeline: NSTAGE (the plan's KV_STAGES) - 1 in flight (3 x
@@ -48,14 +48,16 @@ def _kv_block(kc_ptr, vc_ptr, coff, start, kv_end, dd, dmask, D: tl.constexpr, B
     kpos = start + tl.arange(0, BLOCK_S)
     mask = (kpos < kv_end)[:, None] & dmask[None, :]
     off = coff + kpos[:, None] * D + dd[None, :]
-    return tl.load(kc_ptr + off, mask=mask, other=0.0), tl.load(vc_ptr + off, mask=mask, other=0.0)
+    return (tl.load(kc_ptr + off, mask=mask, other=0.0, cache_modifier=W_CACHE),
+            tl.load(vc_ptr + off, mask=mask, other=0.0, cache_modifier=W_CACHE))
 
 
 @triton.jit
 def _split_range(t, layer, lengths_ptr, B: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
                  NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr):
     """Tile t's split: where it starts, where its cached positions end (the new one is not
-    cached yet), and the cache offset of its (b, g)."""
+    cached yet), the cache offset of its (b, g), and the new position (the split is empty this
+    step when it starts after it)."""
     g = (t // NSPLIT) % HKV
     b = t // (NSPLIT * HKV)
     pos = tl.load(lengths_ptr + b)
@@ -63,7 +65,7 @@ def _split_range(t, layer, lengths_ptr, B: tl.constexpr, D: tl.constexpr, HKV: t
     lo = (t % NSPLIT) * chunk
     kv_end = tl.minimum(lo + chunk, pos)
     coff = ((layer * B + b) * HKV + g).to(tl.int64) * (S * D)
-    return lo, kv_end, coff
+    return lo, kv_end, coff, pos
 
 
 @triton.jit
@@ -93,9 +95,38 @@ def _attend(qd, kt, vt, valid, m, l, acc, scale, DOT: tl.constexpr):
 def _split(t, kt, vt, lo, kv_end, coff, qkv_ptr, lengths_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr, tickets_ptr,
            attn_ptr, eps, inv_freq, qn, qn_p, kn, kn_p, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
            NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, W: tl.constexpr, D_PAD: tl.constexpr,
-           G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr):
+           G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr, tr, TRACE: tl.constexpr):
     """Tile t = split s of (b, g), given the first block (kt, vt) of its cached positions
-    [lo, kv_end) (all masked when the split has none), walked in blocks of W positions."""
+    [lo, kv_end) (all masked when the split has none), walked in blocks of W positions. A split
+    past the current length has no positions this step: it only takes its ticket (and combines if
+    it is the last)."""
+    scale = 1.0 / tl.sqrt(D * 1.0)
+    g = (t // NSPLIT) % HKV
+    b = t // (NSPLIT * HKV)
+    pos = tl.load(lengths_ptr + b)
+    chunk = tl.cdiv(tl.cdiv(pos + 1, NSPLIT), BLOCK_S) * BLOCK_S
+    n_act = tl.cdiv(pos + 1, chunk)          # splits holding positions this step: s < n_act
+    if lo <= pos:
+        _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr, eps,
+                      inv_freq, qn, qn_p, kn, kn_p, scale, D, HQ, HKV, NSPLIT, BLOCK_S, W, D_PAD, G_PAD, NSTAGE,
+                      tr, TRACE)
+    # publish the partial (an empty split has none), take a ticket; the last split of this step
+    # combines the active ones
+    tl.debug_barrier()
+    ticket = tl.atomic_add(tickets_ptr + b * HKV + g, 1, sem="acq_rel", scope="gpu")
+    stamp(tr, T_FIRST, ticket, TRACE)
+    if ticket % NSPLIT == NSPLIT - 1:
+        reduce_group(b, g, n_act, opart_ptr, ml_ptr, attn_ptr, D, HQ, HKV, NSPLIT, D_PAD, G_PAD, NSPLIT_PAD)
+
+
+@triton.jit
+def _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr, eps,
+                  inv_freq, qn, qn_p, kn, kn_p, scale, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                  NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, W: tl.constexpr, D_PAD: tl.constexpr,
+                  G_PAD: tl.constexpr, NSTAGE: tl.constexpr, tr, TRACE: tl.constexpr):
+    """The partial (o, m, l) of active split t: norm and RoPE of its q (and of k for the split
+    holding the new position, which appends k and v to the cache), then its positions
+    [lo, min(lo + chunk, pos + 1))."""
     G: tl.constexpr = HQ // HKV
     N: tl.constexpr = (HQ + 2 * HKV) * D
     HALF: tl.constexpr = D // 2
@@ -109,12 +140,10 @@ def _split(t, kt, vt, lo, kv_end, coff, qkv_ptr, lengths_ptr, kc_ptr, vc_ptr, op
     gmask = (hg < G)[:, None] & dmask[None, :]
     hh = tl.arange(0, QM)
     hmask = (hh % R == 0) & (hh // R < G)             # one row per head is stored
-    scale = 1.0 / tl.sqrt(D * 1.0)
     s = t % NSPLIT
     g = (t // NSPLIT) % HKV
     b = t // (NSPLIT * HKV)
-    pos = tl.load(lengths_ptr + b)
-    hi = tl.minimum(lo + tl.cdiv(tl.cdiv(pos + 1, NSPLIT), BLOCK_S) * BLOCK_S, pos + 1)
+    hi = tl.minimum(lo + chunk, pos + 1)
     ang = pos.to(tl.float32) * inv_freq
     cos = tl.cos(ang)
     sin = tl.sin(ang)
@@ -128,6 +157,7 @@ def _split(t, kt, vt, lo, kv_end, coff, qkv_ptr, lengths_ptr, kc_ptr, vc_ptr, op
     kp = tl.load(kb + pd, mask=dmask, other=0.0, cache_modifier=".cg")
     v = tl.load(base + (HQ + HKV) * D + g * D + dd, mask=dmask, other=0.0, cache_modifier=".cg")
     qr = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / D + eps)
+    stamp(tr, T_INPUT, tl.sum(qr, axis=0), TRACE)
     q = (q * qr[:, None] * qn[None, :]) * cos[None, :] + \
         sign[None, :] * (qp * qr[:, None] * qn_p[None, :]) * sin[None, :]
     if DOT:
@@ -159,15 +189,11 @@ def _split(t, kt, vt, lo, kv_end, coff, qkv_ptr, lengths_ptr, kc_ptr, vc_ptr, op
         l = l * alpha + pr
         acc = acc * alpha[:, None] + pr[:, None] * v_new.to(tl.float32)[None, :]
         m = m_new
+    stamp(tr, T_COMPUTED, tl.sum(l, axis=0), TRACE)
     row = (b * HQ + g * G + hh // R) * NSPLIT + s
     tl.store(opart_ptr + row[:, None] * D + dd[None, :], acc, mask=hmask[:, None] & dmask[None, :])
     tl.store(ml_ptr + row * 2, m, mask=hmask)
     tl.store(ml_ptr + row * 2 + 1, l, mask=hmask)
-    # publish the partial, take a ticket; the last split of this step combines all of them
-    tl.debug_barrier()
-    ticket = tl.atomic_add(tickets_ptr + b * HKV + g, 1, sem="acq_rel", scope="gpu")
-    if ticket % NSPLIT == NSPLIT - 1:
-        reduce_group(b, g, opart_ptr, ml_ptr, attn_ptr, D, HQ, HKV, NSPLIT, D_PAD, G_PAD, NSPLIT_PAD)
 
 
 @triton.jit
@@ -175,7 +201,8 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
               opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt_ptr, target,
               B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
               NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
-              NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
+              NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, tr,
+              TRACE: tl.constexpr):
     HALF: tl.constexpr = D // 2
     # positions per block walked: a split (a multiple of BLOCK_S) is a whole number of them
     W_VEC: tl.constexpr = VEC_ELEMS // (G_PAD * D_PAD) if VEC_ELEMS >= G_PAD * D_PAD else 1
@@ -190,18 +217,21 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
     kn_p = tl.load(kn_ptr + layer * D + pd, mask=dmask, other=0.0).to(tl.float32)
     # The first tile's first KV block is loaded before the wait: positions before the new one
     # were written by earlier steps, so like weights they never wait on this step's producers.
-    lo, kv_end, coff = _split_range(t0, layer, lengths_ptr, B, D, HKV, S, NSPLIT, BLOCK_S)
+    lo, kv_end, coff, pos = _split_range(t0, layer, lengths_ptr, B, D, HKV, S, NSPLIT, BLOCK_S)
     kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
     seen = target
     if WAIT:
-        seen = wait_counter(cnt_ptr, target, SPIN)
+        # an empty split reads nothing of this step's (it only takes its ticket): no wait
+        if (t1 - t0 > 1) | (lo <= pos):
+            seen = wait_counter(cnt_ptr, target, SPIN)
+    stamp(tr, T_WAITED, seen, TRACE)
     for t in range(t0, t1):
         if t > t0:
-            lo, kv_end, coff = _split_range(t, layer, lengths_ptr, B, D, HKV, S, NSPLIT, BLOCK_S)
+            lo, kv_end, coff, pos = _split_range(t, layer, lengths_ptr, B, D, HKV, S, NSPLIT, BLOCK_S)
             kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
         _split(t, kt, vt, lo, kv_end, coff, qkv_ptr, lengths_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr,
                tickets_ptr, attn_ptr, eps, inv_freq, qn, qn_p, kn, kn_p, D, HQ, HKV, NSPLIT, BLOCK_S, W, D_PAD,
-               G_PAD, NSPLIT_PAD, NSTAGE)
+               G_PAD, NSPLIT_PAD, NSTAGE, tr, TRACE)
         # the block is dead once attended: carrying it to the next tile would hold its registers
         # through this whole tile
         kt = tl.zeros_like(kt)
@@ -217,7 +247,7 @@ def attn_kernel(layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, kc_pt
     pid = tl.program_id(0)
     attn_tile(pid, pid + 1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, kc_ptr, vc_ptr,
               opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, lengths_ptr, 0, B, D, HQ, HKV, S, NSPLIT, BLOCK_S,
-              D_PAD, G_PAD, NSPLIT_PAD, NSTAGE, False, 0)
+              D_PAD, G_PAD, NSPLIT_PAD, NSTAGE, False, 0, lengths_ptr, False)
 
 
 def attention(st, p, layer):
@@ -250,10 +280,7 @@ def attention_ref(st, p, layer, t0, t1):
             st.k_cache[layer, b, g, pos] = k.to(st.k_cache.dtype)
             st.v_cache[layer, b, g, pos] = v.to(st.v_cache.dtype)
         rows = (b * p.HQ + g * G + torch.arange(G)) * p.NSPLIT + s
-        if hi <= lo:
-            st.opart[rows] = 0.0
-            st.ml[rows, 0], st.ml[rows, 1] = float("-inf"), 0.0
-        else:
+        if lo <= pos:       # an empty split stores no partial
             kk = st.k_cache[layer, b, g, lo:hi].float()
             vv = st.v_cache[layer, b, g, lo:hi].float()
             sc = (q @ kk.T) * D ** -0.5                       # [G, n]
@@ -263,4 +290,4 @@ def attention_ref(st, p, layer, t0, t1):
             st.ml[rows, 0], st.ml[rows, 1] = m, pr.sum(dim=1)
         st.tickets[b * p.HKV + g] += 1
         if int(st.tickets[b * p.HKV + g]) % p.NSPLIT == 0:
-            reduce_ref(st, p, b, g)
+            reduce_ref(st, p, b, g, -(-(pos + 1) // chunk))

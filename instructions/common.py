@@ -8,6 +8,7 @@ other programs in the same launch then use ``cache_modifier=".cg"`` (L2, never a
 """
 
 import importlib.util
+import os
 
 import triton
 import triton.language as tl
@@ -21,6 +22,12 @@ ACQUIRE: tl.constexpr = tl.constexpr("acq_rel" if ASCEND else "acquire")
 RELEASE: tl.constexpr = tl.constexpr("acq_rel" if ASCEND else "release")
 RELAXED: tl.constexpr = tl.constexpr("acq_rel" if ASCEND else "relaxed")
 
+# Experiment, read at import (bench/NOTES.md 21): MEGAKERNEL_WEIGHTS_CG=1 loads weights (and the
+# cached KV blocks read before a wait) through L2 only, so no L1 fill is in flight when the poll's
+# acquire invalidates L1 (``CCTL.IVALL`` on NVIDIA). Off by default until measured at every size.
+W_CACHE: tl.constexpr = tl.constexpr(".cg" if os.environ.get("MEGAKERNEL_WEIGHTS_CG") == "1" else "")
+W_EVICT: tl.constexpr = tl.constexpr("" if W_CACHE.value else "evict_first")    # an L1 policy: not with .cg
+
 
 @triton.jit
 def wait_counter(cnt_ptr, target, SPIN: tl.constexpr):
@@ -33,6 +40,31 @@ def wait_counter(cnt_ptr, target, SPIN: tl.constexpr):
         seen = tl.atomic_add(cnt_ptr, 0, sem=ACQUIRE, scope="gpu")
         it += 1
     return seen
+
+
+# Trace slots per instruction (``megakernel.kernel``, TRACE): the kernel stamps START and END
+# around the instruction (END after its release); the tiles stamp their phases in between.
+TRACE_SLOTS: tl.constexpr = tl.constexpr(6)
+T_WAITED: tl.constexpr = tl.constexpr(2)     # the wait returned
+T_INPUT: tl.constexpr = tl.constexpr(3)      # the input (activations) arrived
+T_COMPUTED: tl.constexpr = tl.constexpr(4)   # the last tile's result computed, before its stores
+T_FIRST: tl.constexpr = tl.constexpr(5)      # the first tile's result computed (attention: ticket taken)
+
+
+@triton.jit
+def stamp(tr, slot: tl.constexpr, dep, TRACE: tl.constexpr):
+    """With TRACE, store the global timer into ``tr[slot]`` once the scalar ``dep`` is available:
+    the timer read is predicated on a test of dep, so neither the compiler nor the warp can take it
+    before dep's producer (a load, a reduction) has completed."""
+    if TRACE:
+        if dep.dtype == tl.float32:
+            d = dep.to(tl.int32, bitcast=True)
+        else:
+            d = dep.to(tl.int32)
+        t = tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $1, 0; @p mov.u64 $0, %globaltimer; @!p mov.u64 $0, %globaltimer; }",
+            "=l,r", [d], dtype=tl.int64, is_pure=False, pack=1)
+        tl.store(tr + slot, t)
 
 
 @triton.jit
@@ -54,7 +86,7 @@ def load_w(w_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, BK: tl.co
     r = row0 + tl.arange(0, R)
     k = k0 + tl.arange(0, BK)
     return tl.load(w_ptr + r[:, None] * K + k[None, :], mask=(r[:, None] < row_end) & (k[None, :] < K),
-                   other=0.0, eviction_policy="evict_first")
+                   other=0.0, eviction_policy=W_EVICT, cache_modifier=W_CACHE)
 
 
 @triton.jit
@@ -100,7 +132,7 @@ ARGMAX: tl.constexpr = tl.constexpr(2)     # out[b, rows] = acc; per tile (max, 
 def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr, cnt_ptr, target,
               B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
               NORM: tl.constexpr, EPI: tl.constexpr, NT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr,
-              BT: tl.constexpr):
+              BT: tl.constexpr, tr, TRACE: tl.constexpr):
     """Tiles [t0, t1) of rows R of a row-major [N, K] GEMV over each of B input rows (RMS-normalised
     with weight ``nw`` when NORM), with the epilogue EPI. The first tile's weights are loaded before
     the wait (weights never depend on activations), each next tile's while this one computes."""
@@ -112,7 +144,9 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr,
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
+    stamp(tr, T_WAITED, seen, TRACE)
     xn0, rstd = load_xn(in_ptr, nw_ptr, eps, K, BK, NORM)
+    stamp(tr, T_INPUT, tl.sum(xn0, axis=0), TRACE)
     for t in range(t0, t1):
         w_next = load_w(w_ptr, (t + 1) * R, row_end, K, 0, R, BK)
         rows = t * R + tl.arange(0, R)
@@ -120,6 +154,10 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr,
             if B > 1:
                 xn0, rstd = load_xn(in_ptr + b * K, nw_ptr, eps, K, BK, NORM)
             acc = dot_rows(w_ptr, w0, xn0, t * R, row_end, K, in_ptr + b * K, nw_ptr, rstd, NORM, R, BK)
+            if TRACE:
+                stamp(tr, T_COMPUTED, tl.sum(acc, axis=0), TRACE)
+                if t == t0:
+                    stamp(tr, T_FIRST, tl.sum(acc, axis=0), TRACE)
             if EPI == RESIDUAL:
                 acc += tl.load(out_ptr + b * N + rows, mask=rows < row_end, other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + b * N + rows, acc, mask=rows < row_end)

@@ -16,22 +16,23 @@ import triton.language as tl
 
 from scheduler.ops import Op
 
-from .common import ARGMAX, RESIDUAL, batch_mask, batch_rows, dot_rows, gemv_tile, load_w, load_xn, wait_counter
+from .common import (ARGMAX, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, batch_mask, batch_rows, dot_rows,
+                     gemv_tile, load_w, load_xn, stamp, wait_counter)
 
 
 @triton.jit
 def residual_tile(t0, t1, layer, in_ptr, w_base, x_ptr, cnt_ptr, target,
                   B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-                  WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr):
+                  WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr):
     """x[b, rows] += W[layer, rows] @ in[b] (OPROJ with in = attn, DOWN with in = act)."""
     return gemv_tile(t0, t1, w_base + tl.cast(layer, tl.int64) * (N * K), in_ptr, in_ptr, 0.0, x_ptr, x_ptr,
-                     in_ptr, cnt_ptr, target, B, N, K, R, BK, False, RESIDUAL, 0, WAIT, SPIN, BT)
+                     in_ptr, cnt_ptr, target, B, N, K, R, BK, False, RESIDUAL, 0, WAIT, SPIN, BT, tr, TRACE)
 
 
 @triton.jit
 def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                 B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-                WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr):
+                WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr):
     if BT:
         return gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                             B, H, I, R, BK, WAIT, SPIN)
@@ -44,7 +45,9 @@ def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_p
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
+    stamp(tr, T_WAITED, seen, TRACE)
     xn0, rstd = load_xn(x_ptr, nw_ptr, eps, H, BK, True)
+    stamp(tr, T_INPUT, rstd, TRACE)
     for t in range(t0, t1):
         g_next = load_w(g_ptr, (t + 1) * R, row_end, H, 0, R, BK)
         u_next = load_w(u_ptr, (t + 1) * R, row_end, H, 0, R, BK)
@@ -55,6 +58,10 @@ def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_p
             gate = dot_rows(g_ptr, g0, xn0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R, BK)
             up = dot_rows(u_ptr, u0, xn0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R, BK)
             act = gate / (1.0 + tl.exp(-gate)) * up
+            if TRACE:
+                stamp(tr, T_COMPUTED, tl.sum(act, axis=0), TRACE)
+                if t == t0:
+                    stamp(tr, T_FIRST, tl.sum(act, axis=0), TRACE)
             tl.store(act_ptr + b * I + rows, act, mask=rows < row_end)
         g0 = g_next
         u0 = u_next
@@ -89,16 +96,17 @@ def gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_
 @triton.jit
 def lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, eps, cnt_ptr, target,
                 B: tl.constexpr, H: tl.constexpr, V: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-                NT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr):
+                NT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr):
     return gemv_tile(t0, t1, lm_ptr, x_ptr, fnorm_ptr, eps, logits_ptr, amax_v_ptr, amax_i_ptr, cnt_ptr, target,
-                     B, V, H, R, BK, True, ARGMAX, NT, WAIT, SPIN, BT)
+                     B, V, H, R, BK, True, ARGMAX, NT, WAIT, SPIN, BT, tr, TRACE)
 
 
 @triton.jit
 def oproj_kernel(layer, attn_ptr, wo_ptr, x_ptr, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                  R: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
     pid = tl.program_id(0)
-    residual_tile(pid, pid + 1, layer, attn_ptr, wo_ptr, x_ptr, attn_ptr, 0, B, N, K, R, BK, False, 0, BT)
+    residual_tile(pid, pid + 1, layer, attn_ptr, wo_ptr, x_ptr, attn_ptr, 0, B, N, K, R, BK, False, 0, BT, x_ptr,
+                  False)
 
 
 @triton.jit
@@ -106,7 +114,7 @@ def gateup_kernel(layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, B: tl.const
                   I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
     pid = tl.program_id(0)
     gateup_tile(pid, pid + 1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, x_ptr, 0, B, H, I, R, BK,
-                False, 0, BT)
+                False, 0, BT, x_ptr, False)
 
 
 @triton.jit
@@ -115,7 +123,7 @@ def lmhead_kernel(x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, 
                   BT: tl.constexpr):
     pid = tl.program_id(0)
     lmhead_tile(pid, pid + 1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, eps, x_ptr, 0,
-                B, H, V, R, BK, NT, False, 0, BT)
+                B, H, V, R, BK, NT, False, 0, BT, x_ptr, False)
 
 
 def oproj(st, p, layer):

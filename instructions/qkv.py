@@ -18,9 +18,10 @@ from .common import STORE, gemv_tile
 @triton.jit
 def qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, cnt_ptr, target,
              B: tl.constexpr, H: tl.constexpr, N: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-             WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr):
+             WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr):
     return gemv_tile(t0, t1, wqkv_ptr + tl.cast(layer, tl.int64) * (N * H), x_ptr, innorm_ptr + layer * H, eps,
-                     qkv_ptr, qkv_ptr, x_ptr, cnt_ptr, target, B, N, H, R, BK, True, STORE, 0, WAIT, SPIN, BT)
+                     qkv_ptr, qkv_ptr, x_ptr, cnt_ptr, target, B, N, H, R, BK, True, STORE, 0, WAIT, SPIN, BT, tr,
+                     TRACE)
 
 
 @triton.jit
@@ -28,7 +29,7 @@ def qkv_kernel(layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, B: tl.constexpr
                N: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
     pid = tl.program_id(0)
     qkv_tile(pid, pid + 1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, x_ptr, 0,
-             B, H, N, R, BK, False, 0, BT)
+             B, H, N, R, BK, False, 0, BT, x_ptr, False)
 
 
 def qkv(st, p, layer):

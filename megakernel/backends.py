@@ -16,6 +16,7 @@ import torch
 
 from instructions import argmax as k_argmax
 from instructions import attention as k_attention
+from instructions import common as k_common
 from instructions import embed as k_embed
 from instructions import matvec as k_matvec
 from instructions import qkv as k_qkv
@@ -95,6 +96,11 @@ def _check_kernel_device(mk, name):
                            f"{mk.weights.dtype} arithmetic); load the model with dtype=torch.float32")
 
 
+TRACE_SLOTS = k_common.TRACE_SLOTS.value
+TRACE_PHASES = {"waited": k_common.T_WAITED.value, "input": k_common.T_INPUT.value,
+                "computed": k_common.T_COMPUTED.value, "first": k_common.T_FIRST.value}
+
+
 class PersistentBackend:
     """megakernel / superkernel: one launch of the persistent kernel per step."""
 
@@ -140,7 +146,7 @@ class PersistentBackend:
         self.words, self.lengths = words.to(dev), lengths.to(dev)
         self.counters = torch.zeros(self.tape.num_counters, dtype=torch.int32, device=dev)
         self.epoch = torch.zeros(workers, dtype=torch.int32, device=dev)
-        self.trace_buf = torch.zeros(workers * words.shape[1] * 2 if self.trace else 1, dtype=torch.int64,
+        self.trace_buf = torch.zeros(workers * words.shape[1] * TRACE_SLOTS if self.trace else 1, dtype=torch.int64,
                                      device=dev)
         self.st = StepState.allocate(mk, self.plan, self.num_warps)
         # err[0]: a wait timed out; err[1 + 4w : 5 + 4w]: worker w's (position + 1, counter, target, seen)
@@ -257,12 +263,15 @@ class PersistentBackend:
         self._check_errors(now=True)
 
     def trace_events(self):
-        """(worker, tape position, instruction, start_ns, end_ns) of the last step (trace=True)."""
-        t = self.trace_buf.view(self.tape.num_workers, -1, 2).cpu()
+        """(worker, tape position, instruction, start_ns, end_ns, phases) of the last step
+        (trace=True); phases maps the tile's stamps (``TRACE_PHASES``) to global times in ns, 0
+        where the instruction kind stamps none."""
+        t = self.trace_buf.view(self.tape.num_workers, -1, TRACE_SLOTS).cpu()
         out = []
         for w, lst in enumerate(self.tape.workers):
             for i, ins in enumerate(lst):
-                out.append((w, i, ins, int(t[w, i, 0]), int(t[w, i, 1])))
+                phases = {name: int(t[w, i, slot]) for name, slot in TRACE_PHASES.items()}
+                out.append((w, i, ins, int(t[w, i, 0]), int(t[w, i, 1]), phases))
         return out
 
 

@@ -235,9 +235,12 @@ def write_trace(backend, path):
     from scheduler.ops import Op
     events = backend.trace_events()
     t0 = min(e[3] for e in events if e[3] > 0)
+    # phases: microseconds after the instruction's start at which the tile reached each stamp
     trace = [{"name": Op(ins.op).name, "ph": "X", "pid": 0, "tid": w, "ts": (s - t0) / 1e3,
-              "dur": max(0.0, (e - s) / 1e3), "args": {"layer": ins.layer, "tiles": [ins.tile_start, ins.tile_end]}}
-             for w, i, ins, s, e in events if s > 0]
+              "dur": max(0.0, (e - s) / 1e3),
+              "args": {"layer": ins.layer, "tiles": [ins.tile_start, ins.tile_end],
+                       **{k: round((v - s) / 1e3, 3) for k, v in ph.items() if v > 0}}}
+             for w, i, ins, s, e, ph in events if s > 0]
     with open(path, "w") as f:
         json.dump({"traceEvents": trace, "displayTimeUnit": "ns"}, f)
     log(f"trace: {len(trace)} instructions written to {path}")

@@ -19,11 +19,11 @@ import triton.language as tl
 
 from instructions.argmax import argmax_tile
 from instructions.attention import attn_tile
-from instructions.common import RELAXED, RELEASE, wait_counter
+from instructions.common import RELAXED, RELEASE, TRACE_SLOTS, wait_counter
 from instructions.embed import embed_tile
 from instructions.matvec import gateup_tile, lmhead_tile, residual_tile
 from instructions.qkv import qkv_tile
-from scheduler.ops import Op
+from scheduler.ops import WORDS as TAPE_WORDS, Op
 
 OP_EMBED: tl.constexpr = tl.constexpr(int(Op.EMBED))
 OP_QKV: tl.constexpr = tl.constexpr(int(Op.QKV))
@@ -34,6 +34,7 @@ OP_DOWN: tl.constexpr = tl.constexpr(int(Op.DOWN))
 OP_LMHEAD: tl.constexpr = tl.constexpr(int(Op.LMHEAD))
 OP_ARGMAX: tl.constexpr = tl.constexpr(int(Op.ARGMAX))
 OP_BARRIER: tl.constexpr = tl.constexpr(int(Op.BARRIER))
+WORDS: tl.constexpr = tl.constexpr(TAPE_WORDS)
 
 
 @triton.jit
@@ -55,15 +56,15 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
     QKV_N: tl.constexpr = (HQ + 2 * HKV) * D
     i = 0
     failed = tl.atomic_add(err_ptr, 0, sem=RELAXED, scope="gpu")   # a failed earlier step stays failed
-    ar = tl.arange(0, 8)
-    row = tape_ptr + pid * max_len * 8
+    ar = tl.arange(0, WORDS)
+    row = tape_ptr + pid * max_len * WORDS
     if PREFETCH_TAPE:
         nxt = tl.load(row + ar)
     while (i < n) & (failed == 0):
         if PREFETCH_TAPE:
             cur = nxt
             # fetch the next instruction now: its load overlaps this one's work
-            nxt = tl.load(row + (i + 1) * 8 + ar, mask=(i + 1) * 8 + ar < max_len * 8, other=0)
+            nxt = tl.load(row + (i + 1) * WORDS + ar, mask=(i + 1) * WORDS + ar < max_len * WORDS, other=0)
             op = tl.sum(tl.where(ar == 0, cur, 0), axis=0)
             layer = tl.sum(tl.where(ar == 1, cur, 0), axis=0)
             t0 = tl.sum(tl.where(ar == 2, cur, 0), axis=0)
@@ -73,36 +74,37 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
             sc = tl.sum(tl.where(ar == 6, cur, 0), axis=0)
         else:
             # scalar fetch: triton-ascend's adapter cannot lower the loop-carried row above
-            op = tl.load(row + i * 8)
-            layer = tl.load(row + i * 8 + 1)
-            t0 = tl.load(row + i * 8 + 2)
-            t1 = tl.load(row + i * 8 + 3)
-            wc = tl.load(row + i * 8 + 4)
-            target = tl.load(row + i * 8 + 5) * (epoch + 1)
-            sc = tl.load(row + i * 8 + 6)
+            op = tl.load(row + i * WORDS)
+            layer = tl.load(row + i * WORDS + 1)
+            t0 = tl.load(row + i * WORDS + 2)
+            t1 = tl.load(row + i * WORDS + 3)
+            wc = tl.load(row + i * WORDS + 4)
+            target = tl.load(row + i * WORDS + 5) * (epoch + 1)
+            sc = tl.load(row + i * WORDS + 6)
         cnt = counters_ptr + wc
+        tr = trace_ptr + (pid * max_len + i) * TRACE_SLOTS     # this instruction's trace slots
         if TRACE:
-            tl.store(trace_ptr + (pid * max_len + i) * 2, tl.extra.cuda.globaltimer())
+            tl.store(tr, tl.extra.cuda.globaltimer())
         seen = target
         if op == OP_QKV:
             seen = qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, cnt, target,
-                            B, H, QKV_N, R_QKV, BK_H, True, SPIN, BATCHED)
+                            B, H, QKV_N, R_QKV, BK_H, True, SPIN, BATCHED, tr, TRACE)
         elif op == OP_ATTN:
             seen = attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, kc_ptr, vc_ptr,
                              opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt, target, B, D, HQ, HKV, S, NSPLIT,
-                             BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, True, SPIN)
+                             BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, True, SPIN, tr, TRACE)
         elif op == OP_OPROJ:
             seen = residual_tile(t0, t1, layer, attn_ptr, wo_ptr, x_ptr, cnt, target, B, H, HQ * D, R_O,
-                                 BK_Q, True, SPIN, BATCHED)
+                                 BK_Q, True, SPIN, BATCHED, tr, TRACE)
         elif op == OP_GATEUP:
             seen = gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt, target,
-                               B, H, I, R_GU, BK_H, True, SPIN, BATCHED)
+                               B, H, I, R_GU, BK_H, True, SPIN, BATCHED, tr, TRACE)
         elif op == OP_DOWN:
             seen = residual_tile(t0, t1, layer, act_ptr, wdown_ptr, x_ptr, cnt, target, B, H, I, R_DOWN,
-                                 BK_I, True, SPIN, BATCHED)
+                                 BK_I, True, SPIN, BATCHED, tr, TRACE)
         elif op == OP_LMHEAD:
             seen = lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, eps,
-                               cnt, target, B, H, V, R_LM, BK_H, NT_LM, True, SPIN, BATCHED)
+                               cnt, target, B, H, V, R_LM, BK_H, NT_LM, True, SPIN, BATCHED, tr, TRACE)
         elif op == OP_ARGMAX:
             seen = argmax_tile(t0, t1, amax_v_ptr, amax_i_ptr, tokens_ptr, lengths_ptr, cnt, target, NT_LM,
                                1024, True, SPIN)
@@ -126,7 +128,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
         elif (sc >= 0) & (op != OP_BARRIER):    # a barrier has already arrived on its counter
             tl.atomic_add(counters_ptr + sc, 1, sem=RELEASE, scope="gpu")
         if TRACE:
-            tl.store(trace_ptr + (pid * max_len + i) * 2 + 1, tl.extra.cuda.globaltimer())
+            tl.store(tr + 1, tl.extra.cuda.globaltimer())
         i += 1
     tl.store(epoch_ptr + pid, epoch + 1)
 
