@@ -56,8 +56,8 @@ def _kv_block(kc_ptr, vc_ptr, coff, start, kv_end, dd, dmask, D: tl.constexpr, B
 def _split_range(t, layer, lengths_ptr, B: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
                  NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr):
     """Tile t's split: where it starts, where its cached positions end (the new one is not
-    cached yet), the cache offset of its (b, g), and the new position (the split is empty this
-    step when it starts after it)."""
+    cached yet), the cache offset of its (b, g), the new position (the split is empty this step
+    when it starts after it) and the split length this step."""
     g = (t // NSPLIT) % HKV
     b = t // (NSPLIT * HKV)
     pos = tl.load(lengths_ptr + b)
@@ -65,7 +65,7 @@ def _split_range(t, layer, lengths_ptr, B: tl.constexpr, D: tl.constexpr, HKV: t
     lo = (t % NSPLIT) * chunk
     kv_end = tl.minimum(lo + chunk, pos)
     coff = ((layer * B + b) * HKV + g).to(tl.int64) * (S * D)
-    return lo, kv_end, coff, pos
+    return lo, kv_end, coff, pos, chunk
 
 
 @triton.jit
@@ -92,23 +92,20 @@ def _attend(qd, kt, vt, valid, m, l, acc, scale, DOT: tl.constexpr):
 
 
 @triton.jit
-def _split(t, kt, vt, lo, kv_end, coff, qkv_ptr, lengths_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr, tickets_ptr,
+def _split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr, tickets_ptr,
            attn_ptr, eps, inv_freq, qn, qn_p, kn, kn_p, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
            NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, W: tl.constexpr, D_PAD: tl.constexpr,
            G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr, tr, TRACE: tl.constexpr):
     """Tile t = split s of (b, g), given the first block (kt, vt) of its cached positions
     [lo, kv_end) (all masked when the split has none), walked in blocks of W positions. A split
     past the current length has no positions this step: it only takes its ticket (and combines if
-    it is the last)."""
-    scale = 1.0 / tl.sqrt(D * 1.0)
+    it is the last). (lo, kv_end, coff, pos, chunk) come from ``_split_range``."""
     g = (t // NSPLIT) % HKV
     b = t // (NSPLIT * HKV)
-    pos = tl.load(lengths_ptr + b)
-    chunk = tl.cdiv(tl.cdiv(pos + 1, NSPLIT), BLOCK_S) * BLOCK_S
     n_act = tl.cdiv(pos + 1, chunk)          # splits holding positions this step: s < n_act
     if lo <= pos:
         _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr, eps,
-                      inv_freq, qn, qn_p, kn, kn_p, scale, D, HQ, HKV, NSPLIT, BLOCK_S, W, D_PAD, G_PAD, NSTAGE,
+                      inv_freq, qn, qn_p, kn, kn_p, D, HQ, HKV, NSPLIT, BLOCK_S, W, D_PAD, G_PAD, NSTAGE,
                       tr, TRACE)
     # publish the partial (an empty split has none), take a ticket; the last split of this step
     # combines the active ones
@@ -121,7 +118,7 @@ def _split(t, kt, vt, lo, kv_end, coff, qkv_ptr, lengths_ptr, kc_ptr, vc_ptr, op
 
 @triton.jit
 def _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr, eps,
-                  inv_freq, qn, qn_p, kn, kn_p, scale, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                  inv_freq, qn, qn_p, kn, kn_p, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                   NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, W: tl.constexpr, D_PAD: tl.constexpr,
                   G_PAD: tl.constexpr, NSTAGE: tl.constexpr, tr, TRACE: tl.constexpr):
     """The partial (o, m, l) of active split t: norm and RoPE of its q (and of k for the split
@@ -140,6 +137,7 @@ def _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_p
     gmask = (hg < G)[:, None] & dmask[None, :]
     hh = tl.arange(0, QM)
     hmask = (hh % R == 0) & (hh // R < G)             # one row per head is stored
+    scale = 1.0 / tl.sqrt(D * 1.0)
     s = t % NSPLIT
     g = (t // NSPLIT) % HKV
     b = t // (NSPLIT * HKV)
@@ -217,7 +215,7 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
     kn_p = tl.load(kn_ptr + layer * D + pd, mask=dmask, other=0.0).to(tl.float32)
     # The first tile's first KV block is loaded before the wait: positions before the new one
     # were written by earlier steps, so like weights they never wait on this step's producers.
-    lo, kv_end, coff, pos = _split_range(t0, layer, lengths_ptr, B, D, HKV, S, NSPLIT, BLOCK_S)
+    lo, kv_end, coff, pos, chunk = _split_range(t0, layer, lengths_ptr, B, D, HKV, S, NSPLIT, BLOCK_S)
     kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
     seen = target
     if WAIT:
@@ -227,9 +225,9 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
     stamp(tr, T_WAITED, seen, TRACE)
     for t in range(t0, t1):
         if t > t0:
-            lo, kv_end, coff, pos = _split_range(t, layer, lengths_ptr, B, D, HKV, S, NSPLIT, BLOCK_S)
+            lo, kv_end, coff, pos, chunk = _split_range(t, layer, lengths_ptr, B, D, HKV, S, NSPLIT, BLOCK_S)
             kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
-        _split(t, kt, vt, lo, kv_end, coff, qkv_ptr, lengths_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr,
+        _split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr,
                tickets_ptr, attn_ptr, eps, inv_freq, qn, qn_p, kn, kn_p, D, HQ, HKV, NSPLIT, BLOCK_S, W, D_PAD,
                G_PAD, NSPLIT_PAD, NSTAGE, tr, TRACE)
         # the block is dead once attended: carrying it to the next tile would hold its registers
