@@ -7,12 +7,6 @@ set -u
 out=${1:?output folder}; n=${2:-64}
 mkdir -p "$out/r"
 export PYTHONUNBUFFERED=1
-timeout 300 python3 -m pytest -m gpu -q -s 2>&1 | tee "$out/r/gpu-tests.log" | tail -5
-gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[-1].lower())")
-timeout 300 python3 -m megakernel.bench --model 0.6b --random-weights \
-  --compare per-op,superkernel,cuda-graph,torch-compile,hf --prompt-len 128 --new-tokens 256 \
-  --output-json "$out/r/$gpu-0.6b-b1-p128-n256.json" --plot "$out/r/$gpu-0.6b-b1-p128-n256.png" \
-  > "$out/r/$gpu-0.6b-b1-p128-n256.log" 2>/dev/null
-grep -A7 "^backend" "$out/r/$gpu-0.6b-b1-p128-n256.log"
+bash "$(dirname "$0")/recorded_run.sh" "$out/r"
 bash "$(dirname "$0")/matrix.sh" "$out/r" "$n"
 tar czf "$out/results.tgz" -C "$out" r

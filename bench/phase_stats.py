@@ -15,7 +15,7 @@ import statistics
 import sys
 from collections import defaultdict
 
-STAGES = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN")
+from trace_summary import STAGES      # bench/ is the script's directory, so on sys.path
 
 
 def _prev(op, layer):

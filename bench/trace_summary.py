@@ -12,6 +12,7 @@ one that ended last), then that last instruction's input load, math, and stores 
 
 import argparse
 import json
+import statistics
 from collections import defaultdict
 
 STAGES = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN")
@@ -49,11 +50,6 @@ def main():
         phases(events, layer)
 
 
-def _median(xs):
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if xs else float("nan")
-
-
 def phases(events, layer):
     """The gap of each stage of ``layer`` split by the phase stamps (see the module docstring)."""
     prev = None
@@ -69,7 +65,7 @@ def phases(events, layer):
         if prev is not None and "waited" in last["args"]:
             a = last["args"]
             rel = last["ts"] - prev
-            w_med = _median([e["ts"] + e["args"]["waited"] - prev for e in evs if "waited" in e["args"]])
+            w_med = statistics.median([e["ts"] + e["args"]["waited"] - prev for e in evs if "waited" in e["args"]])
             cols = " ".join(f"{k} {rel + a[k]:5.1f}" for k in ("waited", "input", "first", "computed") if k in a)
             print(f"  {op:7} wait(med) {w_med:5.1f} | start {rel:5.1f} {cols} end {end - prev:5.1f}"
                   f"  (worker {last['tid']}, {len(evs)} instructions)")
