@@ -45,13 +45,49 @@ def test_megakernel_equals_per_op(size):
     torch.cuda.empty_cache()
 
 
+# Logits of one sequence in a batch-8 run and alone may differ by about 1e-2 (bench/NOTES.md 24):
+# batch 8 runs the batched float32 tiles, batch 1 the per-sequence ones, whose sums differ in
+# order by float32 rounding, and a k or v element that lands the other side of a bf16 rounding
+# boundary in the cache carries a bf16 ulp (2^-8 relative) into every later step. Greedy tokens
+# therefore agree until the first step whose two best logits are closer than that.
+LOGIT_TOL = 0.05     # max |logit difference| while the tokens agree (measured: up to 0.014)
+TIE_GAP = 0.02       # tokens may part only where the alone run's top two logits are this close
+
+
 def test_batch8_equals_eight_batch1_runs():
+    """Each sequence of a batch-8 megakernel run decodes as it does alone: the same logits within
+    LOGIT_TOL at every step, and the same greedy token at every step until the first near-tie
+    (where float32 summation order may decide, and the runs then continue different texts)."""
+    from megakernel import MegaQwen3
     model = _model("0.6b")
     prompt = _prompt(model.config.vocab_size, (8, 24))
-    batch = _generate(model, "megakernel", prompt, 64, max_seq_len=96)
+    steps = 64
+    batch = MegaQwen3(model, max_seq_len=96, batch_size=8, backend="megakernel")
+    batch.prefill(prompt)
+    toks, logits = [batch.tokens.long().cpu()], []
+    for _ in range(steps):
+        batch.step()
+        toks.append(batch.tokens.long().cpu())
+        logits.append(batch.logits.clone())
+    parted = 0
     for b in range(8):
-        alone = _generate(model, "megakernel", prompt[b:b + 1], 64, max_seq_len=96)
-        assert torch.equal(batch[b], alone[0]), f"sequence {b} differs"
+        alone = MegaQwen3(model, max_seq_len=96, batch_size=1, backend="megakernel")
+        alone.prefill(prompt[b:b + 1])
+        assert int(alone.tokens[0]) == int(toks[0][b]), f"sequence {b}: first token (prefill) differs"
+        for i in range(steps):
+            alone.step()
+            d = (alone.logits[0] - logits[i][b]).abs().max().item()
+            assert d <= LOGIT_TOL, f"sequence {b} step {i}: logits differ by {d:.3g}"
+            t = int(alone.tokens[0])
+            if t != int(toks[i + 1][b]):
+                lg = alone.logits[0]
+                gap = abs(lg[t] - lg[int(toks[i + 1][b])]).item()
+                print(f"sequence {b} parts at step {i}: logits {gap:.3g} apart")
+                assert gap <= TIE_GAP, f"sequence {b} step {i}: tokens differ where the logits are {gap:.3g} apart"
+                parted += 1
+                break
+        del alone
+    assert parted <= 4, f"{parted} of 8 sequences met a near-tie in {steps} steps"
 
 
 def test_32k_context_tokens_and_time():
