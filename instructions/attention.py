@@ -205,6 +205,11 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
     # positions per block walked: a split (a multiple of BLOCK_S) is a whole number of them
     W_VEC: tl.constexpr = VEC_ELEMS // (G_PAD * D_PAD) if VEC_ELEMS >= G_PAD * D_PAD else 1
     W: tl.constexpr = BLOCK_S if (DOT or W_VEC >= BLOCK_S) else W_VEC
+    # Where no split can be longer than one walked block (its first, loaded before the wait), the
+    # pipelined loop never runs: no pipeline, and none of its shared memory (17 KB at 3 stages;
+    # 0.6b at max_seq_len 1024 0.751 -> 0.733 ms on the H200, bench/NOTES.md 25)
+    SPLIT_MAX: tl.constexpr = (((S + NSPLIT - 1) // NSPLIT + BLOCK_S - 1) // BLOCK_S) * BLOCK_S
+    STAGES: tl.constexpr = 1 if SPLIT_MAX <= W else NSTAGE
     dd = tl.arange(0, D_PAD)
     dmask = dd < D
     pd = (dd + HALF) % D
@@ -229,7 +234,7 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
             kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
         _split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr,
                tickets_ptr, attn_ptr, eps, inv_freq, qn, qn_p, kn, kn_p, D, HQ, HKV, NSPLIT, BLOCK_S, W, D_PAD,
-               G_PAD, NSPLIT_PAD, NSTAGE, tr, TRACE)
+               G_PAD, NSPLIT_PAD, STAGES, tr, TRACE)
         # the block is dead once attended: carrying it to the next tile would hold its registers
         # through this whole tile
         kt = tl.zeros_like(kt)

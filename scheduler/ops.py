@@ -188,11 +188,10 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         # unless a split can be long. The megakernel's shared memory is the largest any of its
         # instructions needs, and each KB of it is a KB less of L1 for every instruction: 4 stages
         # (50 KB) cost 0.6b 0.850 vs 0.771 ms and 8b 5.32 vs 4.76 ms at a short context on the H200,
-        # and won only at 32k (1.81 vs 2.08 ms with 2). bench/NOTES.md 18. Where no split can hold
-        # more than one block (its first is loaded before the wait, outside the pipelined loop), the
-        # loop never runs: no pipeline (1), 17 KB less shared memory; 0.6b at max_seq_len 1024
-        # 0.751 -> 0.733 ms, 8b 4.665 -> 4.680 (NOTES.md 25).
-        KV_STAGES=1 if -(-max_seq_len // nsplit) <= block_s else 4 if max_seq_len >= 8192 else 3)
+        # and won only at 32k (1.81 vs 2.08 ms with 2). bench/NOTES.md 18. (Where no split can be
+        # longer than its first block the attention tile uses no pipeline at all: it knows the
+        # block it walks; NOTES.md 25.)
+        KV_STAGES=4 if max_seq_len >= 8192 else 3)
     per_worker = max(-(-plan.tiles(op) // workers) for op in (Op.QKV, Op.OPROJ, Op.GATEUP, Op.DOWN))
     if batch_size >= BATCH_DOT or (batch_size >= 2 and per_worker <= BATCHED_MAX_TILES):
         plan = replace(plan, BATCHED=1)
