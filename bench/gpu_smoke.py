@@ -20,6 +20,7 @@ ap.add_argument("--steps", type=int, default=64)
 ap.add_argument("--prompt-len", type=int, default=128)
 ap.add_argument("--backends", default="per-op,megakernel,superkernel,cuda-graph,reference")
 ap.add_argument("--model", default="0.6b")
+ap.add_argument("--max-seq-len", type=int, default=1024)
 ap.add_argument("--trace-dir", default=None, help="variants with trace=1 write <dir>/<variant>.json")
 args = ap.parse_args()
 print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), flush=True)
@@ -40,7 +41,7 @@ for be in args.backends.split(","):
         plan = {k: int(v) for k, v in (x.split("=") for x in kv) if k not in keys and k != "st"}
         if plan:
             opts["plan_overrides"] = plan
-        mk = MegaQwen3(model, max_seq_len=1024, batch_size=1, backend=name, **opts)
+        mk = MegaQwen3(model, max_seq_len=args.max_seq_len, batch_size=1, backend=name, **opts)
         mk.prefill(prompt)
         mk.step(); torch.cuda.synchronize()
         print(f"{be}: first step incl. compile {time.time() - t:.1f}s", flush=True)
