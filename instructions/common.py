@@ -90,10 +90,22 @@ def load_w(w_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, BK: tl.co
 
 
 @triton.jit
-def load_xn(x_ptr, nw_ptr, eps, K: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr):
+def load_nw(nw_ptr, K: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr):
+    """The first K-chunk of a norm weight as float32 (0 without NORM): a weight, so it is loaded
+    before the wait on the input."""
+    kk = tl.arange(0, BK)
+    nw = tl.zeros([BK], dtype=tl.float32)
+    if NORM:
+        nw = tl.load(nw_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+    return nw
+
+
+@triton.jit
+def load_xn(x_ptr, nw_ptr, nw0, eps, K: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr):
     """(the first K-chunk of a float32 input row, RMS-normalised and scaled when NORM, and its
     1/rms). Computed once per instruction at batch 1 and reused by every tile; where the row fits
-    one chunk the same load serves the statistics and the product."""
+    one chunk the same load serves the statistics and the product. ``nw0`` is ``load_nw``'s chunk
+    of the norm weight."""
     kk = tl.arange(0, BK)
     x = tl.load(x_ptr + kk, mask=kk < K, other=0.0, cache_modifier=".cg")
     rstd = 1.0
@@ -102,7 +114,7 @@ def load_xn(x_ptr, nw_ptr, eps, K: tl.constexpr, BK: tl.constexpr, NORM: tl.cons
             rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / K + eps)
         else:
             rstd = rms_rstd(x_ptr, K, eps, BK)
-        x = x * rstd * tl.load(nw_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+        x = x * rstd * nw0
     return x, rstd
 
 
@@ -129,44 +141,61 @@ ARGMAX: tl.constexpr = tl.constexpr(2)     # out[b, rows] = acc; per tile (max, 
 
 
 @triton.jit
+def gemv_rows(t, w0, xn0, rstd, row_end, w_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_v_ptr, aux_i_ptr,
+              B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
+              NORM: tl.constexpr, EPI: tl.constexpr, NT: tl.constexpr, first, tr,
+              TRACE: tl.constexpr):
+    """Tile t of ``gemv_tile``: its R rows over each of the B input rows, from the tile's first
+    weight chunk ``w0`` (and, at batch 1, the first chunk of the input ``xn0`` with its 1/rms)."""
+    rows = t * R + tl.arange(0, R)
+    for b in range(B):
+        if B > 1:
+            xn0, rstd = load_xn(in_ptr + b * K, nw_ptr, nw0, eps, K, BK, NORM)
+        if EPI == RESIDUAL:
+            # the rows this tile adds to, asked for before its math so the two overlap
+            res = tl.load(out_ptr + b * N + rows, mask=rows < row_end, other=0.0, cache_modifier=".cg")
+        acc = dot_rows(w_ptr, w0, xn0, t * R, row_end, K, in_ptr + b * K, nw_ptr, rstd, NORM, R, BK)
+        if TRACE:
+            stamp(tr, T_COMPUTED, tl.sum(acc, axis=0), TRACE)
+            if first:
+                stamp(tr, T_FIRST, tl.sum(acc, axis=0), TRACE)
+        if EPI == RESIDUAL:
+            acc += res
+        tl.store(out_ptr + b * N + rows, acc, mask=rows < row_end)
+        if EPI == ARGMAX:
+            acc = tl.where(rows < row_end, acc, float("-inf"))
+            best = tl.max(acc, axis=0)
+            idx = tl.min(tl.where(acc == best, rows, 2147483647), axis=0)   # first maximum, as torch
+            tl.store(aux_v_ptr + b * NT + t, best)
+            tl.store(aux_i_ptr + b * NT + t, idx)
+
+
+@triton.jit
 def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr, cnt_ptr, target,
               B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
               NORM: tl.constexpr, EPI: tl.constexpr, NT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr,
               BT: tl.constexpr, tr, TRACE: tl.constexpr):
     """Tiles [t0, t1) of rows R of a row-major [N, K] GEMV over each of B input rows (RMS-normalised
-    with weight ``nw`` when NORM), with the epilogue EPI. The first tile's weights are loaded before
-    the wait (weights never depend on activations), each next tile's while this one computes."""
+    with weight ``nw`` when NORM), with the epilogue EPI. The first tile's weights (and the norm
+    weight) are loaded before the wait (weights never depend on activations), each next tile's
+    while this one computes. (Loading the second tile's too before the wait measured 6-9% slower
+    at 0.6b: bench/NOTES.md 31.)"""
     if BT:
         return gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr, cnt_ptr, target,
                           B, N, K, R, BK, NORM, EPI, NT, WAIT, SPIN)
     row_end = tl.minimum(t1 * R, N)
     w0 = load_w(w_ptr, t0 * R, row_end, K, 0, R, BK)
+    nw0 = load_nw(nw_ptr, K, BK, NORM)
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
     stamp(tr, T_WAITED, seen, TRACE)
-    xn0, rstd = load_xn(in_ptr, nw_ptr, eps, K, BK, NORM)
+    xn0, rstd = load_xn(in_ptr, nw_ptr, nw0, eps, K, BK, NORM)
     stamp(tr, T_INPUT, tl.sum(xn0, axis=0), TRACE)
     for t in range(t0, t1):
         w_next = load_w(w_ptr, (t + 1) * R, row_end, K, 0, R, BK)
-        rows = t * R + tl.arange(0, R)
-        for b in range(B):
-            if B > 1:
-                xn0, rstd = load_xn(in_ptr + b * K, nw_ptr, eps, K, BK, NORM)
-            acc = dot_rows(w_ptr, w0, xn0, t * R, row_end, K, in_ptr + b * K, nw_ptr, rstd, NORM, R, BK)
-            if TRACE:
-                stamp(tr, T_COMPUTED, tl.sum(acc, axis=0), TRACE)
-                if t == t0:
-                    stamp(tr, T_FIRST, tl.sum(acc, axis=0), TRACE)
-            if EPI == RESIDUAL:
-                acc += tl.load(out_ptr + b * N + rows, mask=rows < row_end, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + b * N + rows, acc, mask=rows < row_end)
-            if EPI == ARGMAX:
-                acc = tl.where(rows < row_end, acc, float("-inf"))
-                best = tl.max(acc, axis=0)
-                idx = tl.min(tl.where(acc == best, rows, 2147483647), axis=0)   # first maximum, as torch
-                tl.store(aux_v_ptr + b * NT + t, best)
-                tl.store(aux_i_ptr + b * NT + t, idx)
+        gemv_rows(t, w0, xn0, rstd, row_end, w_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_v_ptr, aux_i_ptr,
+                  B, N, K, R, BK, NORM, EPI, NT, t == t0, tr, TRACE)
         w0 = w_next
     return seen
 

@@ -16,8 +16,8 @@ import triton.language as tl
 
 from scheduler.ops import Op
 
-from .common import (ARGMAX, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, batch_mask, batch_rows, dot_rows,
-                     gemv_tile, load_w, load_xn, stamp, wait_counter)
+from .common import (ARGMAX, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, batch_mask, batch_rows,
+                     dot_rows, gemv_tile, load_nw, load_w, load_xn, stamp, wait_counter)
 
 
 @triton.jit
@@ -42,30 +42,40 @@ def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_p
     row_end = tl.minimum(t1 * R, I)
     g0 = load_w(g_ptr, t0 * R, row_end, H, 0, R, BK)
     u0 = load_w(u_ptr, t0 * R, row_end, H, 0, R, BK)
+    nw0 = load_nw(nw_ptr, H, BK, True)
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
     stamp(tr, T_WAITED, seen, TRACE)
-    xn0, rstd = load_xn(x_ptr, nw_ptr, eps, H, BK, True)
+    xn0, rstd = load_xn(x_ptr, nw_ptr, nw0, eps, H, BK, True)
     stamp(tr, T_INPUT, rstd, TRACE)
     for t in range(t0, t1):
         g_next = load_w(g_ptr, (t + 1) * R, row_end, H, 0, R, BK)
         u_next = load_w(u_ptr, (t + 1) * R, row_end, H, 0, R, BK)
-        rows = t * R + tl.arange(0, R)
-        for b in range(B):
-            if B > 1:
-                xn0, rstd = load_xn(x_ptr + b * H, nw_ptr, eps, H, BK, True)
-            gate = dot_rows(g_ptr, g0, xn0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R, BK)
-            up = dot_rows(u_ptr, u0, xn0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R, BK)
-            act = gate / (1.0 + tl.exp(-gate)) * up
-            if TRACE:
-                stamp(tr, T_COMPUTED, tl.sum(act, axis=0), TRACE)
-                if t == t0:
-                    stamp(tr, T_FIRST, tl.sum(act, axis=0), TRACE)
-            tl.store(act_ptr + b * I + rows, act, mask=rows < row_end)
+        _gateup_rows(t, g0, u0, xn0, rstd, row_end, g_ptr, u_ptr, x_ptr, nw_ptr, nw0, act_ptr, eps, B, H, I, R,
+                     BK, t == t0, tr, TRACE)
         g0 = g_next
         u0 = u_next
     return seen
+
+
+@triton.jit
+def _gateup_rows(t, g0, u0, xn0, rstd, row_end, g_ptr, u_ptr, x_ptr, nw_ptr, nw0, act_ptr, eps, B: tl.constexpr,
+                 H: tl.constexpr, I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, first, tr,
+                 TRACE: tl.constexpr):
+    """Tile t of ``gateup_tile`` from its first gate and up weight chunks."""
+    rows = t * R + tl.arange(0, R)
+    for b in range(B):
+        if B > 1:
+            xn0, rstd = load_xn(x_ptr + b * H, nw_ptr, nw0, eps, H, BK, True)
+        gate = dot_rows(g_ptr, g0, xn0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R, BK)
+        up = dot_rows(u_ptr, u0, xn0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R, BK)
+        act = gate / (1.0 + tl.exp(-gate)) * up
+        if TRACE:
+            stamp(tr, T_COMPUTED, tl.sum(act, axis=0), TRACE)
+            if first:
+                stamp(tr, T_FIRST, tl.sum(act, axis=0), TRACE)
+        tl.store(act_ptr + b * I + rows, act, mask=rows < row_end)
 
 
 @triton.jit

@@ -132,6 +132,11 @@ def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=
         except Exception as e:
             lines = [l for l in str(e).splitlines() if l.strip()]
             row.update(ok=False, error=" | ".join(lines[-4:])[:600])
+            if os.environ.get("COMPILE_CHECK_VERBOSE"):
+                c = e
+                while c is not None:
+                    print(c, file=sys.stderr)
+                    c = c.__cause__ or c.__context__
         report.append(row)
     return report
 

@@ -153,6 +153,18 @@ def _rows(N: int, K: int, workers: int, cap: int = 64, max_bk: int = MAX_BK) -> 
     return max(1, min(cap, _pow2_floor(by_regs), by_workers))
 
 
+def _balanced(R: int, N: int, workers: int, slack: float = 1.1) -> int:
+    """The largest power of two <= R rows per tile whose busiest worker holds at most ``slack``
+    times the fewest rows any tile size gives it. Tile counts that do not divide among the
+    workers leave some with one tile more: 0.6b's gate/up at 8 rows is 384 tiles on 264 workers,
+    so 120 hold 16 rows, where 4-row tiles (768) give at most 12 (0.732 -> 0.720 ms on the H200,
+    bench/NOTES.md 31)."""
+    cdiv = lambda a, b: -(-a // b)  # noqa: E731
+    load = {r: cdiv(cdiv(N, r), max(1, workers)) * r for r in (1 << i for i in range(R.bit_length())) if r <= R}
+    best = min(load.values())
+    return max(r for r, v in load.items() if v <= slack * best)
+
+
 def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
               lm_rows: int | None = None, max_bk: int = MAX_BK) -> Plan:
     H, D, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
@@ -192,6 +204,8 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         # longer than its first block the attention tile uses no pipeline at all: it knows the
         # block it walks; NOTES.md 25.)
         KV_STAGES=4 if max_seq_len >= 8192 else 3)
+    if batch_size == 1:
+        plan = replace(plan, R_GU=_balanced(plan.R_GU, I, workers))
     per_worker = max(-(-plan.tiles(op) // workers) for op in (Op.QKV, Op.OPROJ, Op.GATEUP, Op.DOWN))
     if batch_size >= BATCH_DOT or (batch_size >= 2 and per_worker <= BATCHED_MAX_TILES):
         plan = replace(plan, BATCHED=1)
