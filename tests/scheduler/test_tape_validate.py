@@ -336,3 +336,28 @@ def test_build_tape_rejects_bad_arguments():
     for kwargs in (dict(strategy="random"), dict(mode="fast"), dict(workers=0)):
         with pytest.raises(ValueError):
             build_tape(plan, **{"workers": 2, **kwargs})
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 40000), workers=st.integers(1, 600), cap=st.sampled_from([1, 2, 4, 8, 16, 32, 64]))
+def test_balanced_rows(n, workers, cap):
+    """The gate/up rows per tile: a power of two within the cap, whose busiest worker holds at
+    most 1.1x the fewest rows any allowed tile size gives it, and the largest such."""
+    from scheduler.ops import _balanced
+
+    def busiest(r):
+        return -(-(-(-n // r)) // workers) * r
+    r = _balanced(cap, n, workers)
+    sizes = [1 << i for i in range(cap.bit_length())]
+    assert r in sizes
+    best = min(busiest(s) for s in sizes)
+    assert busiest(r) <= 1.1 * best
+    assert all(busiest(s) > 1.1 * best for s in sizes if s > r)
+
+
+def test_balanced_gateup_plan():
+    """0.6b at 264 workers: 8-row gate/up tiles (384) leave 120 workers 16 rows, 4-row tiles (768)
+    at most 12; 8b keeps its 2-row tiles (47 vs 48 rows is inside the slack)."""
+    assert make_plan(PRESETS["0.6b"], 1, 392, 264).R_GU == 4
+    assert make_plan(PRESETS["8b"], 1, 392, 264).R_GU == 2
+    assert make_plan(PRESETS["0.6b"], 4, 392, 264).R_GU == 8      # batched plans keep their rule
