@@ -131,12 +131,11 @@ def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=
             row.update(ok=True, shared=meta.shared, num_warps=meta.num_warps, n_regs=regs, stack_bytes=stack)
         except Exception as e:
             lines = [l for l in str(e).splitlines() if l.strip()]
-            row.update(ok=False, error=" | ".join(lines[-4:])[:600])
-            if os.environ.get("COMPILE_CHECK_VERBOSE"):
-                c = e
-                while c is not None:
-                    print(c, file=sys.stderr)
-                    c = c.__cause__ or c.__context__
+            chain, c = [], e              # Triton wraps the real error in one CompilationError per call frame
+            while c is not None:
+                chain.append(str(c))
+                c = c.__cause__ or c.__context__
+            row.update(ok=False, error=" | ".join(lines[-4:])[:600], detail="\n".join(chain))
         report.append(row)
     return report
 
@@ -174,6 +173,7 @@ def main(argv=None):
     ap.add_argument("--option", action="append", default=[], metavar="NAME=N",
                     help="a backend option, e.g. --option workers_per_sm=1 (repeatable)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--verbose", action="store_true", help="print each failed compile's whole error chain")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -190,6 +190,8 @@ def main(argv=None):
                   f"stack {r['stack_bytes']}")
         else:
             print(f"{r['kernel']:<16} FAIL  {r['error']}")
+            if args.verbose:
+                print(r["detail"], file=sys.stderr)
     if args.json:
         print(json.dumps(report))
     return 0 if all(r["ok"] for r in report) else 1

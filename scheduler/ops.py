@@ -187,12 +187,15 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         # max_seq_len.
         nsplit = _pow2_floor(max(1, workers // (batch_size * cfg.num_key_value_heads)))
         nsplit = max(1, min(nsplit, next_pow2(-(-max_seq_len // block_s))))
+    r_gu = max(1, _rows(I, H, workers, max_bk=max_bk) // 2)      # rows of gate and of up per tile
+    if batch_size == 1:
+        r_gu = _balanced(r_gu, I, workers)
     plan = Plan(
         B=batch_size, H=H, D=D, HQ=cfg.num_attention_heads, HKV=cfg.num_key_value_heads, I=I,
         V=cfg.vocab_size, L=cfg.num_hidden_layers, S=max_seq_len,
         R_QKV=min(_rows(qkv_rows, H, workers, max_bk=max_bk), D & -D),
         R_O=_rows(H, cfg.q_size, workers, max_bk=max_bk),
-        R_GU=max(1, _rows(I, H, workers, max_bk=max_bk) // 2), R_DOWN=_rows(H, I, workers, max_bk=max_bk),
+        R_GU=r_gu, R_DOWN=_rows(H, I, workers, max_bk=max_bk),
         R_LM=lm_rows or _rows(cfg.vocab_size, H, workers, cap=16, max_bk=max_bk),
         BK_H=_block_k(H, max_bk), BK_Q=_block_k(cfg.q_size, max_bk), BK_I=_block_k(I, max_bk),
         NSPLIT=nsplit, BLOCK_S=block_s, D_PAD=d_pad, G_PAD=g_pad, NSPLIT_PAD=next_pow2(nsplit),
@@ -204,8 +207,6 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         # longer than its first block the attention tile uses no pipeline at all: it knows the
         # block it walks; NOTES.md 25.)
         KV_STAGES=4 if max_seq_len >= 8192 else 3)
-    if batch_size == 1:
-        plan = replace(plan, R_GU=_balanced(plan.R_GU, I, workers))
     per_worker = max(-(-plan.tiles(op) // workers) for op in (Op.QKV, Op.OPROJ, Op.GATEUP, Op.DOWN))
     if batch_size >= BATCH_DOT or (batch_size >= 2 and per_worker <= BATCHED_MAX_TILES):
         plan = replace(plan, BATCHED=1)
