@@ -188,14 +188,20 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         nsplit = _pow2_floor(max(1, workers // (batch_size * cfg.num_key_value_heads)))
         nsplit = max(1, min(nsplit, next_pow2(-(-max_seq_len // block_s))))
     r_gu = max(1, _rows(I, H, workers, max_bk=max_bk) // 2)      # rows of gate and of up per tile
+    r_down = _rows(H, I, workers, max_bk=max_bk)
     if batch_size == 1:
         r_gu = _balanced(r_gu, I, workers)
+        # Down tiles of half the register budget: each worker then has half the bytes in flight
+        # when it polls and fewer spills (its K, the intermediate, is a long row: 0.6b pads 3072
+        # to a 4096 chunk). H200, max_seq_len 392: 0.6b R_DOWN 4 -> 2 0.719 -> 0.710 ms, 8b
+        # 4.70 -> 4.45-4.55 ms; the same for QKV measured 0.6b -1% but 8b +2% (bench/NOTES.md 32)
+        r_down = max(1, r_down // 2)
     plan = Plan(
         B=batch_size, H=H, D=D, HQ=cfg.num_attention_heads, HKV=cfg.num_key_value_heads, I=I,
         V=cfg.vocab_size, L=cfg.num_hidden_layers, S=max_seq_len,
         R_QKV=min(_rows(qkv_rows, H, workers, max_bk=max_bk), D & -D),
         R_O=_rows(H, cfg.q_size, workers, max_bk=max_bk),
-        R_GU=r_gu, R_DOWN=_rows(H, I, workers, max_bk=max_bk),
+        R_GU=r_gu, R_DOWN=r_down,
         R_LM=lm_rows or _rows(cfg.vocab_size, H, workers, cap=16, max_bk=max_bk),
         BK_H=_block_k(H, max_bk), BK_Q=_block_k(cfg.q_size, max_bk), BK_I=_block_k(I, max_bk),
         NSPLIT=nsplit, BLOCK_S=block_s, D_PAD=d_pad, G_PAD=g_pad, NSPLIT_PAD=next_pow2(nsplit),

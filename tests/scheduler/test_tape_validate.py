@@ -361,3 +361,14 @@ def test_balanced_gateup_plan():
     assert make_plan(PRESETS["0.6b"], 1, 392, 264).R_GU == 4
     assert make_plan(PRESETS["8b"], 1, 392, 264).R_GU == 2
     assert make_plan(PRESETS["0.6b"], 4, 392, 264).R_GU == 8      # batched plans keep their rule
+
+
+@pytest.mark.parametrize("size", ["0.6b", "8b", "32b"])
+@pytest.mark.parametrize("workers", [264, 132, 8])
+def test_batch1_down_tiles_are_half_size(size, workers):
+    """At batch 1 a down tile holds half the rows the register budget allows (half the bytes in
+    flight at its wait; bench/NOTES.md 32); batches keep the full tile."""
+    b1, b2 = make_plan(PRESETS[size], 1, 392, workers), make_plan(PRESETS[size], 2, 392, workers)
+    assert b1.R_DOWN == max(1, b2.R_DOWN // 2)
+    assert b1.R_DOWN * b1.BK_I <= 8192
+    validate(build_tape(b1, workers))
