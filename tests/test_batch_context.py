@@ -62,6 +62,8 @@ def test_tensor_core_batch_equals_each_sequence_alone(tiny_checkpoint, seed):
     ("per-op", 8, 32, True),         # 5 busy splits of 2 blocks, 3 empty ones; one program per tile
     ("megakernel", 4, 64, True),     # the tiny model's default block: 1 or 2 blocks per split
     ("megakernel", 4, 64, False),    # Ascend's vector-unit products, walked in 16-position blocks
+    ("megakernel", 1, 64, True),     # one split walks all 5 blocks and normalises its own output
+    ("per-op", 1, 32, True),
 ])
 def test_long_context_split_attention(tiny_checkpoint, seed, monkeypatch, backend, nsplit, block_s, dot):
     """A 300-token prompt on a hidden-64 model: attention cut into splits of several KV blocks
