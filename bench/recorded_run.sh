@@ -5,7 +5,8 @@
 set -u
 dir=${1:?output folder}; mkdir -p "$dir"
 export PYTHONUNBUFFERED=1
-gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[-1].lower())")
+# the model in the device's name (H200, H100, ...), for file names: "NVIDIA H100 80GB HBM3" -> h100
+gpu=$(python3 -c "import re, torch; n = torch.cuda.get_device_name(); m = re.search(r'\b[A-Z]+\d{2,4}\b', n); print((m.group(0) if m else n.split()[-1]).lower())")
 # -s: the tests print their prompt seeds (PROMPT_SEED=N repeats one)
 timeout 300 python3 -m pytest -m gpu -q -s 2>&1 | tee "$dir/$gpu-gpu-tests.log" | tail -4
 timeout 300 python3 -m megakernel.bench --model 0.6b --random-weights \
