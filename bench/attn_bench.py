@@ -186,8 +186,6 @@ def main():
                     help="override a tile-plan field, e.g. --set BLOCK_S=64 (NSPLIT_PAD follows NSPLIT)")
     args = ap.parse_args()
     overrides = {k: int(v) for k, v in (x.split("=", 1) for x in args.set)}
-    if "NSPLIT" in overrides:
-        overrides.setdefault("NSPLIT_PAD", 1 << (overrides["NSPLIT"] - 1).bit_length())
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 1

@@ -153,25 +153,18 @@ def overlap_kernel(counters_ptr, data_ptr, w_ptr, out_ptr, stages, MODE: tl.cons
             seen = _poll(counters_ptr + s - 1, nprog, SPIN, RELAXED_POLL)
             bad += tl.where(seen < nprog, 1, 0)
         x_ptr = data_ptr + s * PR
-        if MODE == 0:
+        if MODE >= 4:      # the copy of this stage's block landed (tma: one buffer; tma-ahead: two in turn)
+            cur = 0 if MODE == 4 else s % 2
+            bad += 1 - _bar_wait(bars + cur * 8, s % 2 if MODE == 4 else (s // 2) % 2, SPIN)
+        if (MODE == 0) or ((MODE >= 4) and NOREAD):
             y = tl.sum(tl.load(x_ptr + kk, cache_modifier=".cg"), axis=0) + rr.to(tl.float32)
         elif MODE <= 3:
             if MODE == 2:
                 w = tl.load(wblk + blk, cache_modifier=WCG, eviction_policy=WEV)
             x = tl.load(x_ptr + kk, cache_modifier=".cg")
             y = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-        elif MODE == 4:
-            bad += 1 - _bar_wait(bars, s % 2, SPIN)
-            if NOREAD:
-                y = tl.sum(tl.load(x_ptr + kk, cache_modifier=".cg"), axis=0) + rr.to(tl.float32)
-            else:
-                y = _dot_smem(sb, x_ptr, R, K)
         else:
-            bad += 1 - _bar_wait(bars + (s % 2) * 8, (s // 2) % 2, SPIN)
-            if NOREAD:
-                y = tl.sum(tl.load(x_ptr + kk, cache_modifier=".cg"), axis=0) + rr.to(tl.float32)
-            else:
-                y = _dot_smem(sb + (s % 2) * NB, x_ptr, R, K)
+            y = _dot_smem(sb + cur * NB, x_ptr, R, K)
         tl.store(data_ptr + (s + 1) * PR + pid * R + rr, y * 0.03125)   # ~unit scale stage after stage
         tl.debug_barrier()                 # every thread's stores and shared reads are done
         tl.atomic_add(counters_ptr + s, 1, sem=RELEASE, scope="gpu")

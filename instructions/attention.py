@@ -105,18 +105,13 @@ def _split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opa
     g = (t // NSPLIT) % HKV
     b = t // (NSPLIT * HKV)
     n_act = tl.cdiv(pos + 1, chunk)          # splits holding positions this step: s < n_act
-    if NSPLIT == 1:
-        # one split holds every position: it writes the normalised output, no ticket, no combine
+    if lo <= pos:
         _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr, eps,
                       inv_freq, qn, qn_p, kn, kn_p, D, HQ, HKV, NSPLIT, BLOCK_S, W, D_PAD, G_PAD, NSTAGE,
                       tr, TRACE, attn_ptr)
-    else:
-        if lo <= pos:
-            _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr,
-                          eps, inv_freq, qn, qn_p, kn, kn_p, D, HQ, HKV, NSPLIT, BLOCK_S, W, D_PAD, G_PAD, NSTAGE,
-                          tr, TRACE, attn_ptr)
+    if NSPLIT > 1:
         # publish the partial (an empty split has none), take a ticket; the last split of this step
-        # combines the active ones
+        # combines the active ones (one split holds every position and wrote its output itself)
         tl.debug_barrier()
         ticket = tl.atomic_add(tickets_ptr + b * HKV + g, 1, sem="acq_rel", scope="gpu")
         stamp(tr, T_FIRST, ticket, TRACE)

@@ -83,10 +83,7 @@ def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = N
     persistent and per-op backends both use it, so with the same workers their numbers agree bit
     for bit."""
     plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk)
-    overrides = dict(overrides or {})
-    if "NSPLIT" in overrides:       # the padded count follows the split count unless given
-        overrides.setdefault("NSPLIT_PAD", 1 << (int(overrides["NSPLIT"]) - 1).bit_length())
-    return dataclasses.replace(plan, **overrides)
+    return dataclasses.replace(plan, **(overrides or {}))
 
 
 def _check_kernel_device(mk, name):

@@ -99,13 +99,18 @@ class Plan:
     BLOCK_S: int    # positions per attention block
     D_PAD: int
     G_PAD: int
-    NSPLIT_PAD: int
     KV_STAGES: int = 3  # attention's software pipeline over KV blocks (KV_STAGES - 1 in flight; 1: none)
     BATCHED: int = 0    # GEMV tiles read weights once for all B rows (1) or loop over the sequences (0)
 
     @property
     def QKV_ROWS(self) -> int:
         return (self.HQ + 2 * self.HKV) * self.D
+
+    @property
+    def NSPLIT_PAD(self) -> int:
+        """NSPLIT rounded up to a power of two (the combine's tl.arange), so an override of NSPLIT
+        cannot leave it stale."""
+        return next_pow2(self.NSPLIT)
 
     def tiles(self, op: Op) -> int:
         cdiv = lambda a, b: -(-a // b)  # noqa: E731
@@ -121,7 +126,7 @@ class Plan:
         }[op]
 
     def constexprs(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "NSPLIT_PAD": self.NSPLIT_PAD}
 
 
 # From this batch the GEMV tiles multiply with tl.dot (instructions.common.BATCH_DOT reads it; it
@@ -204,7 +209,7 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         R_GU=r_gu, R_DOWN=r_down,
         R_LM=lm_rows or _rows(cfg.vocab_size, H, workers, cap=16, max_bk=max_bk),
         BK_H=_block_k(H, max_bk), BK_Q=_block_k(cfg.q_size, max_bk), BK_I=_block_k(I, max_bk),
-        NSPLIT=nsplit, BLOCK_S=block_s, D_PAD=d_pad, G_PAD=g_pad, NSPLIT_PAD=next_pow2(nsplit),
+        NSPLIT=nsplit, BLOCK_S=block_s, D_PAD=d_pad, G_PAD=g_pad,
         # Blocks in flight per attention tile: 3 stages (two blocks ahead, 33 KB of shared memory)
         # unless a split can be long. The megakernel's shared memory is the largest any of its
         # instructions needs, and each KB of it is a KB less of L1 for every instruction: 4 stages
