@@ -10,7 +10,7 @@ every other position comes from the cache, whose first block is loaded before th
 Outputs per head: the unnormalised o [D], the running max m and sum l; the last split of
 (b, g) to finish combines them into ``attn`` (``reduce.py``). With one split (NSPLIT 1: a short
 max_seq_len, or a batch of more than workers / kv heads / 2 sequences) the tile writes o / l into
-``attn`` itself and takes no ticket (batch 32 at 0.6b: 2.78 -> 2.72 ms/token, bench/NOTES.md 33).
+``attn`` itself and takes no ticket (batch 32 at 0.6b: 2.78 -> 2.72 ms/token, bench/NOTES.md 34).
 
 A split is walked in blocks of BLOCK_S positions with flash-decoding block math: scores =
 q [QM, D] @ K^T [D, BLOCK_S] and o += p [QM, BLOCK_S] @ V [BLOCK_S, D] as ``tl.dot`` on the cache's

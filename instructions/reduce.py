@@ -5,7 +5,8 @@ have partials; empty splits store none and are skipped.
 
 o_h = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s over the active splits, M = max_s m_s.
 Not an instruction of its own: each ATTN tile takes a ticket on its (sequence, kv group) after
-storing its partial, and the tile that takes the last ticket of the step runs ``reduce_group``. That removes a dependent step per layer without redundant work.
+storing its partial, and the tile that takes the last ticket of the step runs ``reduce_group``.
+That removes a dependent step per layer without redundant work.
 Tickets only grow, so "last" is ``ticket % NSPLIT == NSPLIT - 1`` and no reset is needed.
 Qwen3-0.6B: 2 heads x NSPLIT partials of 128 fp32 -> attn [1, 2048] fp32; reads
 NSPLIT*G*(D+2)*4 bytes of L2-resident scratch.

@@ -66,6 +66,10 @@ class Instr:
         return f"{name} layer {self.layer} tiles {self.tile_start}..{self.tile_end - 1}"
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _pow2_floor(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
@@ -113,15 +117,14 @@ class Plan:
         return next_pow2(self.NSPLIT)
 
     def tiles(self, op: Op) -> int:
-        cdiv = lambda a, b: -(-a // b)  # noqa: E731
         return {
             Op.EMBED: self.B,
-            Op.QKV: cdiv(self.QKV_ROWS, self.R_QKV),
+            Op.QKV: _cdiv(self.QKV_ROWS, self.R_QKV),
             Op.ATTN: self.B * self.HKV * self.NSPLIT,
-            Op.OPROJ: cdiv(self.H, self.R_O),
-            Op.GATEUP: cdiv(self.I, self.R_GU),
-            Op.DOWN: cdiv(self.H, self.R_DOWN),
-            Op.LMHEAD: cdiv(self.V, self.R_LM),
+            Op.OPROJ: _cdiv(self.H, self.R_O),
+            Op.GATEUP: _cdiv(self.I, self.R_GU),
+            Op.DOWN: _cdiv(self.H, self.R_DOWN),
+            Op.LMHEAD: _cdiv(self.V, self.R_LM),
             Op.ARGMAX: self.B,
         }[op]
 
@@ -154,7 +157,7 @@ def _rows(N: int, K: int, workers: int, cap: int = 64, max_bk: int = MAX_BK) -> 
     whole share of a GEMV is loaded before it waits), within what a tile can hold in registers.
     With two workers per SM this still gives every SM at least one tile."""
     by_regs = max(1, TILE_ELEMS // _block_k(K, max_bk))
-    by_workers = next_pow2(-(-N // max(1, workers)))
+    by_workers = next_pow2(_cdiv(N, max(1, workers)))
     return max(1, min(cap, _pow2_floor(by_regs), by_workers))
 
 
@@ -164,8 +167,7 @@ def _balanced(R: int, N: int, workers: int, slack: float = 1.1) -> int:
     workers leave some with one tile more: 0.6b's gate/up at 8 rows is 384 tiles on 264 workers,
     so 120 hold 16 rows, where 4-row tiles (768) give at most 12 (0.732 -> 0.720 ms on the H200,
     bench/NOTES.md 31)."""
-    cdiv = lambda a, b: -(-a // b)  # noqa: E731
-    load = {r: cdiv(cdiv(N, r), max(1, workers)) * r for r in (1 << i for i in range(R.bit_length())) if r <= R}
+    load = {r: _cdiv(_cdiv(N, r), max(1, workers)) * r for r in (1 << i for i in range(R.bit_length())) if r <= R}
     best = min(load.values())
     return max(r for r, v in load.items() if v <= slack * best)
 
@@ -191,7 +193,7 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         # so at a short context the later ones are empty; never more splits than blocks at
         # max_seq_len.
         nsplit = _pow2_floor(max(1, workers // (batch_size * cfg.num_key_value_heads)))
-        nsplit = max(1, min(nsplit, next_pow2(-(-max_seq_len // block_s))))
+        nsplit = max(1, min(nsplit, next_pow2(_cdiv(max_seq_len, block_s))))
     r_gu = max(1, _rows(I, H, workers, max_bk=max_bk) // 2)      # rows of gate and of up per tile
     r_down = _rows(H, I, workers, max_bk=max_bk)
     if batch_size == 1:
@@ -218,7 +220,7 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         # longer than its first block the attention tile uses no pipeline at all: it knows the
         # block it walks; NOTES.md 25.)
         KV_STAGES=4 if max_seq_len >= 8192 else 3)
-    per_worker = max(-(-plan.tiles(op) // workers) for op in (Op.QKV, Op.OPROJ, Op.GATEUP, Op.DOWN))
+    per_worker = max(_cdiv(plan.tiles(op), workers) for op in (Op.QKV, Op.OPROJ, Op.GATEUP, Op.DOWN))
     if batch_size >= BATCH_DOT or (batch_size >= 2 and per_worker <= BATCHED_MAX_TILES):
         plan = replace(plan, BATCHED=1)
     if batch_size >= BATCH_DOT:
@@ -236,7 +238,7 @@ def cost(plan: Plan, op: Op, ntiles: int, itemsize: int = 2) -> int:
     per_tile = {
         Op.EMBED: p.H * itemsize,
         Op.QKV: p.R_QKV * p.H * itemsize,
-        Op.ATTN: 2 * -(-p.S // p.NSPLIT) * p.D * itemsize,
+        Op.ATTN: 2 * _cdiv(p.S, p.NSPLIT) * p.D * itemsize,
         Op.OPROJ: p.R_O * p.HQ * p.D * itemsize,
         Op.GATEUP: 2 * p.R_GU * p.H * itemsize,
         Op.DOWN: p.R_DOWN * p.I * itemsize,
