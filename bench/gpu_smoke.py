@@ -1,6 +1,9 @@
 """One GPU round: every kernel backend on 0.6b random bf16 weights; tokens compared, steps timed.
 
     python3 bench/gpu_smoke.py [--steps 64] [--prompt-len 128]
+
+A backend is ``name[:key=value...]``: nw / wps / bk / trace / st (strategy) are backend options,
+``spl=K`` times launches of K steps (ms per token = launch time / K), any other key a plan field.
 """
 import argparse
 import os
@@ -36,6 +39,8 @@ for be in args.backends.split(","):
         name, *kv = be.split(":")
         keys = {"nw": "num_warps", "wps": "workers_per_sm", "bk": "max_bk"}
         keys["trace"] = "trace"
+        spl = int(dict(x.split("=") for x in kv).get("spl", 1))    # steps per launch (greedy megakernel)
+        kv = [x for x in kv if not x.startswith("spl=")]
         opts = {keys[k]: int(v) for k, v in (x.split("=") for x in kv) if k in keys}
         opts.update({"strategy": v for k, v in (x.split("=") for x in kv) if k == "st"})
         plan = {k: int(v) for k, v in (x.split("=") for x in kv) if k not in keys and k != "st"}
@@ -50,14 +55,16 @@ for be in args.backends.split(","):
         # timing: steps between events
         mk.prefill(prompt)
         times = []
-        for _ in range(args.steps):
+        for _ in range(args.steps // spl):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(); mk.step(); b.record()
+            a.record()
+            mk.step() if spl == 1 else mk.steps(spl, per_launch=spl)
+            b.record()
             times.append((a, b))
         torch.cuda.synchronize()
         if hasattr(mk.backend, "synchronize"):
             mk.backend.synchronize()
-        ms = sorted(a.elapsed_time(b) for a, b in times)
+        ms = sorted(a.elapsed_time(b) / spl for a, b in times)
         res[be] = toks
         print(f"{be}: median {ms[len(ms)//2]:.3f} ms/token p10 {ms[len(ms)//10]:.3f} p90 {ms[9*len(ms)//10]:.3f}",
               flush=True)

@@ -13,6 +13,10 @@ structure at a size whose weights take less time than that.
 whole H-vector into the stage's output with atomics (float32, and int64 as a fixed-point sum that
 does not depend on the order): what a split-K reduction of N partials costs a stage.
 
+``--replicas R,...`` adds rows where each program stores its slice into R copies of the output
+and reads copy ``pid % R`` of the input: whether every program reading the same lines of L2 (each
+line lives in one L2 slice, which then serves all P programs) is part of the input's cost.
+
     python3 bench/sync_floor.py [--programs 264,132] [--stages 140] [--hidden 1024] [--reduce 8,64,264]
 """
 import argparse
@@ -30,7 +34,7 @@ from instructions.common import RELEASE, wait_counter  # noqa: E402
 
 @triton.jit
 def chain_kernel(counters_ptr, data_ptr, out_ptr, red_ptr, stages, nred, SPIN: tl.constexpr, DATA: tl.constexpr,
-                 H: tl.constexpr, SLICE: tl.constexpr, RED: tl.constexpr):
+                 H: tl.constexpr, SLICE: tl.constexpr, RED: tl.constexpr, REP: tl.constexpr = 1):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     kk = tl.arange(0, H)
@@ -41,7 +45,7 @@ def chain_kernel(counters_ptr, data_ptr, out_ptr, red_ptr, stages, nred, SPIN: t
             seen = wait_counter(counters_ptr + s - 1, nprog, SPIN)
             acc += tl.where(seen < nprog, 1.0e9, 0.0)        # a timed-out wait shows in the output
             if DATA:
-                x = tl.load(data_ptr + (s - 1) * H + kk, cache_modifier=".cg")
+                x = tl.load(data_ptr + ((s - 1) * REP + pid % REP) * H + kk, cache_modifier=".cg")
                 acc += tl.sum(x, axis=0) * 1e-9
         if RED == 1:
             if pid < nred:
@@ -51,17 +55,19 @@ def chain_kernel(counters_ptr, data_ptr, out_ptr, red_ptr, stages, nred, SPIN: t
                 tl.atomic_add(red_ptr + s * H + kk, (acc + kk.to(tl.float32)).to(tl.int64), sem="relaxed",
                               scope="gpu")
         elif DATA:
-            tl.store(data_ptr + s * H + pid * SLICE + ss, acc + ss.to(tl.float32), mask=pid * SLICE + ss < H)
+            for r in tl.static_range(REP):
+                tl.store(data_ptr + (s * REP + r) * H + pid * SLICE + ss, acc + ss.to(tl.float32),
+                         mask=pid * SLICE + ss < H)
         tl.debug_barrier()
         tl.atomic_add(counters_ptr + s, 1, sem=RELEASE, scope="gpu")
     tl.store(out_ptr + pid, acc)
 
 
 def per_stage_us(programs: int, stages: int, hidden: int, data: bool, red: int = 0, nred: int = 0,
-                 reps: int = 20) -> float:
+                 reps: int = 20, replicas: int = 1) -> float:
     dev = "cuda"
     counters = torch.zeros(stages, dtype=torch.int32, device=dev)
-    buf = torch.zeros(stages * hidden, dtype=torch.float32, device=dev)
+    buf = torch.zeros(stages * hidden * replicas, dtype=torch.float32, device=dev)
     rbuf = torch.zeros(stages * hidden if red == 2 else 1, dtype=torch.int64, device=dev)
     out = torch.zeros(programs, dtype=torch.float32, device=dev)
     slice_ = triton.next_power_of_2(-(-hidden // programs))
@@ -71,7 +77,7 @@ def per_stage_us(programs: int, stages: int, hidden: int, data: bool, red: int =
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         chain_kernel[(programs,)](counters, buf, out, rbuf, stages, nred, SPIN=1 << 20, DATA=data, H=hidden,
-                                  SLICE=slice_, RED=red, num_warps=4, launch_cooperative_grid=True)
+                                  SLICE=slice_, RED=red, REP=replicas, num_warps=4, launch_cooperative_grid=True)
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b) * 1e3)
@@ -87,6 +93,7 @@ def main():
     ap.add_argument("--stages", type=int, default=140)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--reduce", default="", help="partial counts N for the atomic-reduction rows")
+    ap.add_argument("--replicas", default="", help="copies R of each stage's output for the replica rows")
     args = ap.parse_args()
     print(torch.__version__, triton.__version__, torch.cuda.get_device_name(), flush=True)
     for p in (int(x) for x in args.programs.split(",")):
@@ -95,6 +102,10 @@ def main():
             what = f"poll + {args.hidden}-float input + own slice stored + release" if data else "poll + release"
             print(f"programs {p:4d}  {what:55s} {us:6.2f} us per stage "
                   f"(x {args.stages} stages: {us * args.stages:6.1f} us)", flush=True)
+        for r in (int(x) for x in args.replicas.split(",") if x):
+            us = per_stage_us(p, args.stages, args.hidden, True, replicas=r)
+            what = f"poll + input from copy pid % {r} + slice stored {r}x + release"
+            print(f"programs {p:4d}  {what:55s} {us:6.2f} us per stage", flush=True)
         for n in (int(x) for x in args.reduce.split(",") if x):
             for red, kind in ((1, "float32"), (2, "int64")):
                 us = per_stage_us(p, args.stages, args.hidden, True, red, min(n, p))

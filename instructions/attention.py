@@ -55,14 +55,15 @@ def _kv_block(kc_ptr, vc_ptr, coff, start, kv_end, dd, dmask, D: tl.constexpr, B
 
 
 @triton.jit
-def _split_range(t, layer, lengths_ptr, B: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
+def _split_range(t, layer, lengths_ptr, step, B: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
                  NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr):
     """Tile t's split: where it starts, where its cached positions end (the new one is not
     cached yet), the cache offset of its (b, g), the new position (the split is empty this step
-    when it starts after it) and the split length this step."""
+    when it starts after it) and the split length this step. ``step``: the step within the launch
+    (lengths advance only at the launch's end)."""
     g = (t // NSPLIT) % HKV
     b = t // (NSPLIT * HKV)
-    pos = tl.load(lengths_ptr + b)
+    pos = tl.load(lengths_ptr + b) + step
     chunk = tl.cdiv(tl.cdiv(pos + 1, NSPLIT), BLOCK_S) * BLOCK_S
     lo = (t % NSPLIT) * chunk
     kv_end = tl.minimum(lo + chunk, pos)
@@ -204,7 +205,7 @@ def _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_p
 
 
 @triton.jit
-def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, kc_ptr, vc_ptr,
+def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, step, kc_ptr, vc_ptr,
               opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt_ptr, target,
               B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
               NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
@@ -229,7 +230,7 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
     kn_p = tl.load(kn_ptr + layer * D + pd, mask=dmask, other=0.0).to(tl.float32)
     # The first tile's first KV block is loaded before the wait: positions before the new one
     # were written by earlier steps, so like weights they never wait on this step's producers.
-    lo, kv_end, coff, pos, chunk = _split_range(t0, layer, lengths_ptr, B, D, HKV, S, NSPLIT, BLOCK_S)
+    lo, kv_end, coff, pos, chunk = _split_range(t0, layer, lengths_ptr, step, B, D, HKV, S, NSPLIT, BLOCK_S)
     kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
     seen = target
     if WAIT:
@@ -239,7 +240,7 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
     stamp(tr, T_WAITED, seen, TRACE)
     for t in range(t0, t1):
         if t > t0:
-            lo, kv_end, coff, pos, chunk = _split_range(t, layer, lengths_ptr, B, D, HKV, S, NSPLIT, BLOCK_S)
+            lo, kv_end, coff, pos, chunk = _split_range(t, layer, lengths_ptr, step, B, D, HKV, S, NSPLIT, BLOCK_S)
             kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
         _split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr,
                tickets_ptr, attn_ptr, eps, inv_freq, qn, qn_p, kn, kn_p, D, HQ, HKV, NSPLIT, BLOCK_S, W, D_PAD,
@@ -257,7 +258,7 @@ def attn_kernel(layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, kc_pt
                 S: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr,
                 G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr):
     pid = tl.program_id(0)
-    attn_tile(pid, pid + 1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, kc_ptr, vc_ptr,
+    attn_tile(pid, pid + 1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, 0, kc_ptr, vc_ptr,
               opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, lengths_ptr, 0, B, D, HQ, HKV, S, NSPLIT, BLOCK_S,
               D_PAD, G_PAD, NSPLIT_PAD, NSTAGE, False, 0, lengths_ptr, False)
 

@@ -25,6 +25,10 @@ from scheduler.ops import MAX_BK, Op, Plan, make_plan
 
 from . import device as devices
 
+# The most decode steps one launch of the persistent kernel runs (``PersistentBackend.decode``):
+# the size of the per-step token buffer.
+MAX_STEPS_PER_LAUNCH = 64
+
 
 class MegakernelError(RuntimeError):
     """A persistent kernel stopped on a wait that timed out; the message names the instruction."""
@@ -49,6 +53,7 @@ class StepState:
     amax_v: torch.Tensor      # [B, LM tiles] fp32
     amax_i: torch.Tensor      # [B, LM tiles] int32
     inv_freq: torch.Tensor    # [D / 2] fp32, exactly as HF computes it
+    hist: torch.Tensor        # [MAX_STEPS_PER_LAUNCH, B] int32: each step's token in a launch of several
     eps: float
     rope_theta: float
     num_warps: int = 4
@@ -67,7 +72,8 @@ class StepState:
             tickets=torch.zeros(p.B * p.HKV, dtype=torch.int32, device=dev),
             attn=torch.zeros(p.B, p.HQ * D, **f32), act=torch.zeros(p.B, p.I, **f32),
             amax_v=torch.zeros(p.B, nt, **f32), amax_i=torch.zeros(p.B, nt, dtype=torch.int32, device=dev),
-            inv_freq=inv_freq.to(dev), eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, num_warps=num_warps)
+            inv_freq=inv_freq.to(dev), hist=torch.zeros(MAX_STEPS_PER_LAUNCH, p.B, dtype=torch.int32, device=dev),
+            eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, num_warps=num_warps)
 
 
 def default_workers(device: torch.device) -> int:
@@ -123,7 +129,7 @@ class PersistentBackend:
         # order), so a few polls suffice
         self.spin = spin if spin is not None else (1 << 19 if dev.type == "cuda" else 4)
         self.num_warps, self.strategy, self.max_bk = num_warps, strategy, max_bk
-        self.steps = 0
+        self.steps = self._reset_at = 0
         self._pending = None
         if dev.type != "cuda":
             self._build(num_workers or 1)
@@ -145,6 +151,10 @@ class PersistentBackend:
         words, lengths = encode(self.tape)
         self.words, self.lengths = words.to(dev), lengths.to(dev)
         self.counters = torch.zeros(self.tape.num_counters, dtype=torch.int32, device=dev)
+        # the counter the step boundary waits on (several steps per launch): ARGMAX's, raised
+        # amax_n times a step; none in superkernel mode, which runs one step per launch
+        amax = [ins for _, _, ins in self.tape.instructions() if ins.op == Op.ARGMAX and ins.signal_counter > 0]
+        self.amax_c, self.amax_n = (amax[0].signal_counter, len(amax)) if amax else (0, 0)
         self.epoch = torch.zeros(workers, dtype=torch.int32, device=dev)
         self.trace_buf = torch.zeros(workers * words.shape[1] * TRACE_SLOTS if self.trace else 1, dtype=torch.int64,
                                      device=dev)
@@ -172,11 +182,12 @@ class PersistentBackend:
         return max(1, min(by_regs, by_threads, by_smem))
 
     def reset_counters(self):
+        self._reset_at = self.steps
         self.counters.zero_()
         self.epoch.zero_()
         self.st.tickets.zero_()
 
-    def _args(self):
+    def _args(self, steps: int = 1):
         p, st = self.plan, self.st
         w = st.w
         kwargs = dict(p.constexprs())
@@ -188,19 +199,29 @@ class PersistentBackend:
                 st.tokens, st.lengths, st.x, st.qkv, st.opart, st.ml, st.tickets, st.attn, st.act, st.logits,
                 st.amax_v, st.amax_i, st.inv_freq,
                 w.embed, w.lm_head, w.final_norm, w.input_norm, w.post_norm, w.q_norm, w.k_norm,
-                w.wqkv, w.wo, w.wgate_up, w.wdown, st.k_cache, st.v_cache, st.eps, self.words.shape[1])
+                w.wqkv, w.wo, w.wgate_up, w.wdown, st.k_cache, st.v_cache, st.eps, self.words.shape[1],
+                st.hist, steps, self.amax_c, self.amax_n)
         return args, kwargs
 
-    def launch(self):
-        args, kwargs = self._args()
+    @property
+    def max_steps_per_launch(self) -> int:
+        """Decode steps one launch can run: several in megakernel mode, one in superkernel mode
+        (its step has no counter for the next step to wait on)."""
+        return MAX_STEPS_PER_LAUNCH if self.amax_n else 1
+
+    def launch(self, steps: int = 1):
+        args, kwargs = self._args(steps)
         self.kernel[(self.tape.num_workers,)](*args, **kwargs)
 
-    def decode(self):
+    def decode(self, steps: int = 1):
+        """``steps`` greedy decode steps in one launch; step s's token lands in ``st.hist[s]``."""
+        if not 1 <= steps <= self.max_steps_per_launch:
+            raise ValueError(f"{self.mode} runs 1 to {self.max_steps_per_launch} steps per launch, not {steps}")
         # counters are int32: start again from zero well before they could overflow
-        if self.steps and self.steps % 65536 == 0:
+        if self.steps - self._reset_at >= 65536:
             self.reset_counters()
-        self.launch()
-        self.steps += 1
+        self.launch(steps)
+        self.steps += steps
         self._check_errors()
 
     def _check_errors(self, now: bool = False):
@@ -244,11 +265,14 @@ class PersistentBackend:
 
         def describe(w):
             pos, counter, target, seen = stuck[w]
+            if pos < 0:
+                return (f"worker {w} timed out at the start of a step of a launch of several, waiting for the "
+                        f"previous step's ARGMAX (counter {counter}) to reach {target}; it saw {seen}")
             ins = self.tape.workers[w][pos] if pos < len(self.tape.workers[w]) else None
             return (f"worker {w} timed out at tape position {pos} ({ins.describe() if ins else '?'}) waiting "
                     f"for counter {counter} ({self.tape.counter_names.get(counter, '?')}) to reach {target}; "
                     f"it saw {seen}")
-        roots = [w for w in stuck if not pending(stuck[w][1])]
+        roots = [w for w in stuck if stuck[w][0] < 0] or [w for w in stuck if not pending(stuck[w][1])]
         if roots:
             msg = describe(roots[0]) + (", though every instruction that raises it ran"
                                         if producers.get(stuck[roots[0]][1]) else ", which nothing raises")

@@ -162,7 +162,12 @@ def run_backend(name, model, prompt, args, dev):
         opts = {"trace": True} if name == "megakernel" and args.trace else {}
         mk = MegaQwen3(model, max_seq_len=args.max_seq_len, batch_size=B, backend=name, **opts)
         prefill = lambda: (mk.prefill(prompt), mk.tokens.long())[1]  # noqa: E731
-        step = lambda tok: mk.step()  # noqa: E731
+        per_launch = min(args.steps_per_launch, mk.steps_per_launch)
+        res["steps_per_launch"] = per_launch
+        if per_launch == 1:
+            step = lambda tok: mk.step()  # noqa: E731
+        else:
+            step = lambda tok, k: mk.steps(k, per_launch=k)  # noqa: E731
 
         def finish_kernel():
             if hasattr(mk.backend, "synchronize"):
@@ -170,7 +175,8 @@ def run_backend(name, model, prompt, args, dev):
             if name == "megakernel" and args.trace:
                 write_trace(mk.backend, args.trace)
         finish = finish_kernel
-    tokens, times, prefill_ms, setup_s = _time_decode(prefill, step, args.new_tokens, warmup, dev, t0)
+    tokens, times, prefill_ms, setup_s = _time_decode(prefill, step, args.new_tokens, warmup, dev, t0,
+                                                      res.get("steps_per_launch", 1))
     if finish is not None:
         finish()
     times.sort()
@@ -181,25 +187,32 @@ def run_backend(name, model, prompt, args, dev):
     return res, tokens
 
 
-def _time_decode(prefill, step, n, warmup, dev, t0):
+def _time_decode(prefill, step, n, warmup, dev, t0, per_launch=1):
     """Warm up, then time one prefill and n - 1 steps with device events. ``prefill()`` returns the
-    first tokens [B]; ``step(tok)`` the next. Returns (tokens [B, n], step ms, prefill ms, setup s
-    since ``t0``)."""
+    first tokens [B]; ``step(tok)`` the next, or with ``per_launch`` k > 1, ``step(tok, k)`` the
+    next k as [B, k] from one launch, timed as a whole and counted as k steps of a k-th of its
+    time each. Returns (tokens [B, n], step ms, prefill ms, setup s since ``t0``)."""
     for _ in range(warmup):
-        step(prefill())
+        tok = prefill()
+        step(tok) if per_launch == 1 else step(tok, min(per_launch, n - 1))
     _sync(dev)
     setup_s = time.perf_counter() - t0
     with Timer(dev) as tp:
         tok = prefill()
     _sync(dev)
     out, timers = [tok], []
-    for _ in range(n - 1):
+    left = n - 1
+    while left > 0:
+        k = min(per_launch, left)
         with Timer(dev) as t:
-            tok = step(tok)
-        out.append(tok)
-        timers.append(t)
+            got = step(tok) if per_launch == 1 else step(tok, k)
+        toks = [got] if per_launch == 1 else list(got.unbind(1))
+        out += toks
+        tok = toks[-1]
+        timers += [(t, k)] * k
+        left -= k
     _sync(dev)
-    return torch.stack(out, 1).cpu(), [t.ms() for t in timers], tp.ms(), setup_s
+    return torch.stack(out, 1).cpu(), [t.ms() / k for t, k in timers], tp.ms(), setup_s
 
 
 def _pct(xs, p):
@@ -284,6 +297,9 @@ def main(argv=None):
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--max-seq-len", type=int, default=None)
+    ap.add_argument("--steps-per-launch", type=int, default=64,
+                    help="decode steps per launch of the megakernel (greedy), 1 to 64, as generate() runs them; "
+                         "a launch's time counts as that many steps of equal time")
     ap.add_argument("--device", default=None)
     ap.add_argument("--seed", type=int, default=None, help="prompt seed (default: fresh each run)")
     ap.add_argument("--output-json")
@@ -312,6 +328,8 @@ def bench(args):
     if bad:
         raise ValueError(f"unknown backend {bad[0]!r} in --compare: choose from {', '.join(PEERS)}")
     lens = [int(x) for x in args.prompt_len.split(",")]
+    if not 1 <= args.steps_per_launch <= 64:
+        raise ValueError("--steps-per-launch must be between 1 and 64")
     if args.new_tokens < 2:
         raise ValueError("--new-tokens must be at least 2")
     model = load_model(args.model, random_weights=args.random_weights, device=args.device)

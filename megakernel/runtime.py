@@ -17,6 +17,10 @@ from models.qwen3.reference import KVCache, Qwen3Reference
 from models.qwen3.sampling import SamplingParams, sample
 
 BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph", "reference", "vm")
+# Steps per launch in ``generate`` where the backend runs several (greedy, megakernel): at most
+# this many steps past a stop token are computed and dropped (0.6b batch 1 on an H100: 0.778 ms a
+# token at one step per launch, 0.768 at 16, 0.763 at 64; bench/NOTES.md 37).
+GENERATE_STEPS_PER_LAUNCH = 64
 
 
 class ReferenceBackend:
@@ -126,20 +130,52 @@ class MegaQwen3:
         self.tokens.copy_(sample(self.logits, self.sampling, self._generator))
         return self.logits.clone()
 
+    def _check_room(self, n: int):
+        if not any(self._lengths):
+            raise RuntimeError("step() before prefill(): there is no sequence to continue")
+        full = [b for b, k in enumerate(self._lengths) if k + n > self.max_seq_len]
+        if full:
+            b = full[0]
+            raise ValueError(f"sequence {b} is at {self._lengths[b]} of max_seq_len {self.max_seq_len}: "
+                             f"no room for {n} more step(s); reset() or build with a larger max_seq_len")
+
     @torch.no_grad()
     def step(self) -> torch.Tensor:
         """One decode step for the whole batch; returns the next tokens, LongTensor [B]."""
-        if not any(self._lengths):
-            raise RuntimeError("step() before prefill(): there is no sequence to continue")
-        full = [b for b, n in enumerate(self._lengths) if n >= self.max_seq_len]
-        if full:
-            raise ValueError(f"sequence {full[0]} has reached max_seq_len {self.max_seq_len}; "
-                             f"reset() or build with a larger max_seq_len")
+        self._check_room(1)
         self.backend.decode()
         self._lengths = [n + 1 for n in self._lengths]
         if not self.sampling.greedy:
             self.tokens.copy_(sample(self.logits, self.sampling, self._generator))
         return self.tokens.long()
+
+    @property
+    def steps_per_launch(self) -> int:
+        """Decode steps ``steps()`` runs per kernel launch: up to 64 for greedy decoding on the
+        megakernel (each step's token goes to the next step's embedding on the device), else 1."""
+        return getattr(self.backend, "max_steps_per_launch", 1) if self.sampling.greedy else 1
+
+    @torch.no_grad()
+    def steps(self, n: int, per_launch: int | None = None) -> torch.Tensor:
+        """``n`` decode steps; returns their tokens, LongTensor [B, n]. The same tokens as ``n``
+        calls of ``step()``, in launches of up to ``per_launch`` steps (default and most:
+        ``steps_per_launch``)."""
+        most = self.steps_per_launch
+        k_max = most if per_launch is None else per_launch
+        if n < 1 or not 1 <= k_max <= most:
+            raise ValueError(f"steps({n}, per_launch={per_launch}): need n >= 1 and 1 <= per_launch <= {most}")
+        self._check_room(n)
+        out = []
+        while n > 0:
+            k = min(n, k_max)
+            if k == 1:
+                out.append(self.step()[:, None])
+            else:
+                self.backend.decode(k)
+                self._lengths = [m + k for m in self._lengths]
+                out.append(self.backend.st.hist[:k].T.long())    # a copy: the next launch rewrites hist
+            n -= k
+        return torch.cat(out, dim=1)
 
     @torch.no_grad()
     def generate(self, input_ids, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
@@ -162,9 +198,16 @@ class MegaQwen3:
         out = [self.tokens.long()]
         done = torch.zeros(self.batch_size, dtype=torch.bool)
         stops = torch.tensor(list(stop_tokens), dtype=torch.long)
+        # greedy decoding on the megakernel runs several steps per launch after a first one alone
+        # (which compiles the kernel on first use, so the tokens' arrival times show it apart); a
+        # launch may run steps past the last stop token, whose tokens are dropped
+        chunk = min(GENERATE_STEPS_PER_LAUNCH, self.steps_per_launch)
+        pending: list[torch.Tensor] = []
         for i in range(max_new_tokens):
             if i:
-                out.append(self.step())
+                if not pending:
+                    pending = list(self.steps(1 if i == 1 else min(chunk, max_new_tokens - i)).unbind(1))
+                out.append(pending.pop(0))
             if on_token is not None:
                 on_token(out[-1])
             if len(stops):

@@ -53,3 +53,56 @@ def test_broken_tape_names_the_instruction(tiny_checkpoint):
     be.words[w, i, 5] = be.tape.workers[w][i].wait_per_step
     mk.prefill([1, 2, 3])
     mk.step()
+
+
+def test_several_steps_per_launch(tiny_checkpoint, seed):
+    """Launches of several steps give the tokens of one step per launch, for sequences of different
+    lengths, and leave the state where single steps would: a later step() continues it."""
+    tiny = tiny_checkpoint(hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16)
+    model = load_model(str(tiny.folder), device="cpu", progress=False)
+    prompts = [random_prompt(5, tiny.vocab_size, seed), random_prompt(9, tiny.vocab_size, seed + 1)]
+    ref = MegaQwen3(model, max_seq_len=40, batch_size=2, backend="reference")
+    ref.prefill(prompts)
+    want = torch.stack([ref.step() for _ in range(12)], dim=1)
+    mk = MegaQwen3(model, max_seq_len=40, batch_size=2, backend="megakernel")
+    assert mk.steps_per_launch > 1
+    mk.prefill(prompts)
+    got = torch.cat([mk.steps(5, per_launch=5), mk.steps(6, per_launch=3), mk.step()[:, None]], dim=1)
+    assert torch.equal(got, want), f"{got.tolist()} != reference {want.tolist()}"
+    assert mk.cache.lengths.tolist() == ref.cache.lengths.tolist() == [5 + 12, 9 + 12]
+    assert rel_err(mk.logits, ref.logits) < 1e-4
+    with pytest.raises(ValueError, match="no room for 20 more"):
+        mk.steps(20)
+
+
+def test_generate_stops_as_with_single_steps(tiny_checkpoint, seed):
+    """generate() on the megakernel runs launches of several steps; where a stop token ends it,
+    the result is the single-step result (the launch's extra steps are dropped)."""
+    tiny = tiny_checkpoint(hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16)
+    model = load_model(str(tiny.folder), device="cpu", progress=False)
+    prompt = random_prompt(6, tiny.vocab_size, seed)
+    ref = MegaQwen3(model, max_seq_len=40, backend="reference")
+    full = ref.generate([prompt], max_new_tokens=20)
+    stop = int(full[0, 7])      # a token the greedy run produces; generation ends at its first use
+    want = ref.generate([prompt], max_new_tokens=20, stop_tokens=[stop])
+    mk = MegaQwen3(model, max_seq_len=40, backend="megakernel")
+    seen = []
+    got = mk.generate([prompt], max_new_tokens=20, stop_tokens=[stop], on_token=seen.append)
+    assert torch.equal(got, want)
+    assert len(seen) == want.shape[1] <= 8
+
+
+def test_step_boundary_wait_is_bounded(tiny_checkpoint):
+    """A step of a multi-step launch whose boundary wait cannot be met stops with an error that
+    names the wait, instead of spinning."""
+    tiny = tiny_checkpoint()
+    model = load_model(str(tiny.folder), device="cpu", progress=False)
+    mk = MegaQwen3(model, max_seq_len=32, backend="megakernel")
+    mk.prefill([1, 2, 3])
+    n = mk.backend.amax_n
+    mk.backend.amax_n = 10 ** 6
+    with pytest.raises(MegakernelError, match=r"worker 0 timed out at the start of a step .* previous step's ARGMAX"):
+        mk.steps(2, per_launch=2)
+    mk.backend.amax_n = n
+    mk.prefill([1, 2, 3])
+    assert mk.steps(3).shape == (1, 3)
