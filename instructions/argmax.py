@@ -1,37 +1,30 @@
-"""ARGMAX: the greedy next token from the LM head's per-tile maxima; advances the sequence.
+"""ARGMAX: the greedy next token from the LM head's packed maximum; advances the sequence.
 
-token[b] = index of the largest logit (the first one on ties, as ``torch.argmax``), read from the
-LMHEAD tiles' (max, argmax) pairs, also written to ``hist[s * B + b]`` (step s of a launch of
-``steps``); the last step of the launch adds ``steps`` to length[b] (attention reads the position
-as length + s, so lengths stay fixed within a launch). Writing these inside the step is what lets
-the next step start with no host work. Qwen3-0.6B: 9496 pairs per sequence, 76 KB.
+The LM head's tiles raise ``amax[b]`` with an atomic max of their (max, first argmax) packed as one
+int64 (``common.argmax_key``), so the largest logit's first index is one word: token[b] is read
+from it (the first maximum on ties, as ``torch.argmax``) and the word is reset for the next step in
+the same atomic exchange. (It was 9496 (max, argmax) pairs per sequence at Qwen3-0.6B, 76 KB read in
+ten dependent chunks; bench/NOTES.md 39.) The token is also written to ``hist[s * B + b]`` (step s
+of a launch of ``steps``); the last step of the launch adds ``steps`` to length[b] (attention
+reads the position as length + s, so lengths stay fixed within a launch). Writing these inside the
+step is what lets the next step start with no host work.
 """
 
 import triton
 import triton.language as tl
 
-from .common import wait_counter
+from .common import KEY_EMPTY, RELAXED, wait_counter
 
 
 @triton.jit
-def argmax_tile(t0, t1, amax_v_ptr, amax_i_ptr, tokens_ptr, lengths_ptr, hist_ptr, s, steps, cnt_ptr, target,
-                B: tl.constexpr, NT: tl.constexpr, BLOCK: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
+def argmax_tile(t0, t1, amax_ptr, tokens_ptr, lengths_ptr, hist_ptr, s, steps, cnt_ptr, target,
+                B: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
-    kk = tl.arange(0, BLOCK)
     for b in range(t0, t1):
-        best_v = tl.full([BLOCK], float("-inf"), tl.float32)
-        best_i = tl.full([BLOCK], 2147483647, tl.int32)
-        for k0 in range(0, NT, BLOCK):
-            m = k0 + kk < NT
-            v = tl.load(amax_v_ptr + b * NT + k0 + kk, mask=m, other=float("-inf"), cache_modifier=".cg")
-            i = tl.load(amax_i_ptr + b * NT + k0 + kk, mask=m, other=2147483647, cache_modifier=".cg")
-            take = (v > best_v) | ((v == best_v) & (i < best_i))
-            best_v = tl.where(take, v, best_v)
-            best_i = tl.where(take, i, best_i)
-        top = tl.max(best_v, axis=0)
-        tok = tl.min(tl.where(best_v == top, best_i, 2147483647), axis=0)
+        key = tl.atomic_xchg(amax_ptr + b, KEY_EMPTY, sem=RELAXED, scope="gpu")
+        tok = (4294967295 - (key & 4294967295)).to(tl.int32)
         tl.store(tokens_ptr + b, tok)
         tl.store(hist_ptr + s * B + b, tok)
         if s == steps - 1:
@@ -40,21 +33,19 @@ def argmax_tile(t0, t1, amax_v_ptr, amax_i_ptr, tokens_ptr, lengths_ptr, hist_pt
 
 
 @triton.jit
-def argmax_kernel(amax_v_ptr, amax_i_ptr, tokens_ptr, lengths_ptr, B: tl.constexpr, NT: tl.constexpr,
-                  BLOCK: tl.constexpr):
+def argmax_kernel(amax_ptr, tokens_ptr, lengths_ptr, B: tl.constexpr):
     pid = tl.program_id(0)
-    argmax_tile(pid, pid + 1, amax_v_ptr, amax_i_ptr, tokens_ptr, lengths_ptr, tokens_ptr, 0, 1, lengths_ptr, 0,
-                B, NT, BLOCK, False, 0)
+    argmax_tile(pid, pid + 1, amax_ptr, tokens_ptr, lengths_ptr, tokens_ptr, 0, 1, lengths_ptr, 0, B, False, 0)
 
 
 def argmax(st, p, layer=0):
-    from scheduler.ops import Op
-    argmax_kernel[(p.B,)](st.amax_v, st.amax_i, st.tokens, st.lengths, B=p.B, NT=p.tiles(Op.LMHEAD), BLOCK=1024,
-                          num_warps=4)
+    argmax_kernel[(p.B,)](st.amax, st.tokens, st.lengths, B=p.B, num_warps=1)
 
 
 def argmax_ref(st, p, layer, t0, t1):
+    from .common import KEY_EMPTY
     for b in range(t0, t1):
-        top = st.amax_v[b].max()
-        st.tokens[b] = st.amax_i[b][st.amax_v[b] == top].min()
+        key = int(st.amax[b])
+        st.amax[b] = KEY_EMPTY.value
+        st.tokens[b] = 4294967295 - (key & 4294967295)
         st.lengths[b] += 1

@@ -137,17 +137,43 @@ def dot_rows(w_ptr, w0, xn0, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, rstd
 
 STORE: tl.constexpr = tl.constexpr(0)      # out[b, rows] = acc
 RESIDUAL: tl.constexpr = tl.constexpr(1)   # out[b, rows] += acc
-ARGMAX: tl.constexpr = tl.constexpr(2)     # out[b, rows] = acc; per tile (max, first argmax) into aux
+ARGMAX: tl.constexpr = tl.constexpr(2)     # out[b, rows] = acc; aux[b] = max(aux[b], the tile's argmax_key)
+
+# The argmax of the LM head's logits as one int64 per sequence that every tile raises with an
+# atomic max: the value's bits, ordered as integers, above the index counted down from 2^32 - 1,
+# so the largest key is the largest value's first index (torch.argmax; -0.0 ties with 0.0, NaN is
+# above everything, as there). ARGMAX reads it back and resets it to KEY_EMPTY, below every key.
+KEY_EMPTY: tl.constexpr = tl.constexpr(-(1 << 63))
 
 
 @triton.jit
-def gemv_rows(t, w0, xn0, rstd, row_end, w_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_v_ptr, aux_i_ptr,
+def argmax_key(v, idx):
+    v = tl.where(v == 0.0, 0.0, v)
+    bits = v.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return (ordered.to(tl.int64) << 32) | (4294967295 - idx.to(tl.int64))
+
+
+def argmax_key_ref(v, idx):
+    """``argmax_key`` in torch (float32 values, integer indices, any shape)."""
+    import torch
+    v = torch.where(v == 0, torch.zeros_like(v), v)
+    bits = v.contiguous().view(torch.int32).long()
+    ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return ordered * (1 << 32) + (4294967295 - idx.long())
+
+
+@triton.jit
+def gemv_rows(t, w0, xn0, rstd, row_end, w_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_ptr,
               B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-              NORM: tl.constexpr, EPI: tl.constexpr, NT: tl.constexpr, first, tr,
+              NORM: tl.constexpr, EPI: tl.constexpr, first, tr,
               TRACE: tl.constexpr):
     """Tile t of ``gemv_tile``: its R rows over each of the B input rows, from the tile's first
-    weight chunk ``w0`` (and, at batch 1, the first chunk of the input ``xn0`` with its 1/rms)."""
+    weight chunk ``w0`` (and, at batch 1, the first chunk of the input ``xn0`` with its 1/rms).
+    Returns the tile's ``argmax_key`` at batch 1 with EPI ARGMAX (the caller raises ``aux`` once
+    per instruction; above batch 1 each row's key is raised here), else KEY_EMPTY."""
     rows = t * R + tl.arange(0, R)
+    key = tl.full([], KEY_EMPTY, tl.int64)
     for b in range(B):
         if B > 1:
             xn0, rstd = load_xn(in_ptr + b * K, nw_ptr, nw0, eps, K, BK, NORM)
@@ -166,14 +192,16 @@ def gemv_rows(t, w0, xn0, rstd, row_end, w_ptr, in_ptr, nw_ptr, nw0, eps, out_pt
             acc = tl.where(rows < row_end, acc, float("-inf"))
             best = tl.max(acc, axis=0)
             idx = tl.min(tl.where(acc == best, rows, 2147483647), axis=0)   # first maximum, as torch
-            tl.store(aux_v_ptr + b * NT + t, best)
-            tl.store(aux_i_ptr + b * NT + t, idx)
+            key = argmax_key(best, idx)
+            if B > 1:
+                tl.atomic_max(aux_ptr + b, key, sem=RELAXED, scope="gpu")
+    return key
 
 
 @triton.jit
-def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr, cnt_ptr, target,
+def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
               B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-              NORM: tl.constexpr, EPI: tl.constexpr, NT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr,
+              NORM: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr,
               BT: tl.constexpr, tr, TRACE: tl.constexpr):
     """Tiles [t0, t1) of rows R of a row-major [N, K] GEMV over each of B input rows (RMS-normalised
     with weight ``nw`` when NORM), with the epilogue EPI. The first tile's weights (and the norm
@@ -181,8 +209,8 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr,
     while this one computes. (Loading the second tile's too before the wait measured 6-9% slower
     at 0.6b: bench/NOTES.md 31.)"""
     if BT:
-        return gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr, cnt_ptr, target,
-                          B, N, K, R, BK, NORM, EPI, NT, WAIT, SPIN)
+        return gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
+                          B, N, K, R, BK, NORM, EPI, WAIT, SPIN)
     row_end = tl.minimum(t1 * R, N)
     w0 = load_w(w_ptr, t0 * R, row_end, K, 0, R, BK)
     nw0 = load_nw(nw_ptr, K, BK, NORM)
@@ -192,11 +220,15 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr,
     stamp(tr, T_WAITED, seen, TRACE)
     xn0, rstd = load_xn(in_ptr, nw_ptr, nw0, eps, K, BK, NORM)
     stamp(tr, T_INPUT, tl.sum(xn0, axis=0), TRACE)
+    kmax = tl.full([], KEY_EMPTY, tl.int64)
     for t in range(t0, t1):
         w_next = load_w(w_ptr, (t + 1) * R, row_end, K, 0, R, BK)
-        gemv_rows(t, w0, xn0, rstd, row_end, w_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_v_ptr, aux_i_ptr,
-                  B, N, K, R, BK, NORM, EPI, NT, t == t0, tr, TRACE)
+        key = gemv_rows(t, w0, xn0, rstd, row_end, w_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_ptr,
+                        B, N, K, R, BK, NORM, EPI, t == t0, tr, TRACE)
+        kmax = tl.maximum(kmax, key)
         w0 = w_next
+    if (EPI == ARGMAX) & (B == 1):
+        tl.atomic_max(aux_ptr, kmax, sem=RELAXED, scope="gpu")     # one atomic per instruction
     return seen
 
 
@@ -357,9 +389,9 @@ def batch_mask(acc, row0, row_end, B: tl.constexpr, R: tl.constexpr):
 
 
 @triton.jit
-def gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr, cnt_ptr, target,
+def gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
                B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-               NORM: tl.constexpr, EPI: tl.constexpr, NT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
+               NORM: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
     """``gemv_tile`` for batched plans: out[B, rows] = X[B, K] @ W[rows, K]^T, weights read once per tile
     for all B rows (each row RMS-normalised with its own statistics when NORM)."""
     row_end = tl.minimum(t1 * R, N)
@@ -380,6 +412,5 @@ def gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_v_ptr, aux_i_ptr
             acc = tl.where(ok, acc, float("-inf"))
             best = tl.max(acc, axis=1)
             idx = tl.min(tl.where(acc == best[:, None], rows[None, :], 2147483647), axis=1)   # first maximum
-            tl.store(aux_v_ptr + bb * NT + t, best, mask=bb < B)
-            tl.store(aux_i_ptr + bb * NT + t, idx, mask=bb < B)
+            tl.atomic_max(aux_ptr + bb, argmax_key(best, idx), mask=bb < B, sem=RELAXED, scope="gpu")
     return seen

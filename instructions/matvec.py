@@ -26,7 +26,7 @@ def residual_tile(t0, t1, layer, in_ptr, w_base, x_ptr, cnt_ptr, target,
                   WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr):
     """x[b, rows] += W[layer, rows] @ in[b] (OPROJ with in = attn, DOWN with in = act)."""
     return gemv_tile(t0, t1, w_base + tl.cast(layer, tl.int64) * (N * K), in_ptr, in_ptr, 0.0, x_ptr, x_ptr,
-                     in_ptr, cnt_ptr, target, B, N, K, R, BK, False, RESIDUAL, 0, WAIT, SPIN, BT, tr, TRACE)
+                     cnt_ptr, target, B, N, K, R, BK, False, RESIDUAL, WAIT, SPIN, BT, tr, TRACE)
 
 
 @triton.jit
@@ -104,11 +104,11 @@ def gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_
 
 
 @triton.jit
-def lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, eps, cnt_ptr, target,
+def lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_ptr, eps, cnt_ptr, target,
                 B: tl.constexpr, H: tl.constexpr, V: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-                NT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr):
-    return gemv_tile(t0, t1, lm_ptr, x_ptr, fnorm_ptr, eps, logits_ptr, amax_v_ptr, amax_i_ptr, cnt_ptr, target,
-                     B, V, H, R, BK, True, ARGMAX, NT, WAIT, SPIN, BT, tr, TRACE)
+                WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr):
+    return gemv_tile(t0, t1, lm_ptr, x_ptr, fnorm_ptr, eps, logits_ptr, amax_ptr, cnt_ptr, target,
+                     B, V, H, R, BK, True, ARGMAX, WAIT, SPIN, BT, tr, TRACE)
 
 
 @triton.jit
@@ -128,12 +128,11 @@ def gateup_kernel(layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, B: tl.const
 
 
 @triton.jit
-def lmhead_kernel(x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, eps, B: tl.constexpr,
-                  H: tl.constexpr, V: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, NT: tl.constexpr,
-                  BT: tl.constexpr):
+def lmhead_kernel(x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_ptr, eps, B: tl.constexpr,
+                  H: tl.constexpr, V: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
     pid = tl.program_id(0)
-    lmhead_tile(pid, pid + 1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, eps, x_ptr, 0,
-                B, H, V, R, BK, NT, False, 0, BT, x_ptr, False)
+    lmhead_tile(pid, pid + 1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_ptr, eps, x_ptr, 0,
+                B, H, V, R, BK, False, 0, BT, x_ptr, False)
 
 
 def oproj(st, p, layer):
@@ -152,9 +151,9 @@ def down(st, p, layer):
 
 
 def lmhead(st, p, layer=0):
-    lmhead_kernel[(p.tiles(Op.LMHEAD),)](st.x, st.w.lm_head, st.w.final_norm, st.logits, st.amax_v, st.amax_i,
-                                         st.eps, B=p.B, H=p.H, V=p.V, R=p.R_LM, BK=p.BK_H,
-                                         NT=p.tiles(Op.LMHEAD), BT=p.BATCHED, num_warps=st.num_warps)
+    lmhead_kernel[(p.tiles(Op.LMHEAD),)](st.x, st.w.lm_head, st.w.final_norm, st.logits, st.amax,
+                                         st.eps, B=p.B, H=p.H, V=p.V, R=p.R_LM, BK=p.BK_H, BT=p.BATCHED,
+                                         num_warps=st.num_warps)
 
 
 def _rows(t0, t1, R, N):
@@ -183,11 +182,15 @@ def down_ref(st, p, layer, t0, t1):
 
 
 def lmhead_ref(st, p, layer, t0, t1):
+    import torch
+
     from models.qwen3.reference import rmsnorm
+
+    from .common import argmax_key_ref
     h = rmsnorm(st.x, st.w.final_norm.float(), st.eps)
     for t in range(t0, t1):
         r = _rows(t, t + 1, p.R_LM, p.V)
         lg = h @ st.w.lm_head[r].float().T
         st.logits[:, r] = lg
-        st.amax_v[:, t], idx = lg.max(dim=1)
-        st.amax_i[:, t] = idx.int() + r.start
+        best, idx = lg.max(dim=1)     # the first maximum
+        st.amax.copy_(torch.maximum(st.amax, argmax_key_ref(best, idx + r.start)))

@@ -50,8 +50,7 @@ class StepState:
     tickets: torch.Tensor     # [B Hkv] int32: attention splits finished (only grows)
     attn: torch.Tensor        # [B, Hq D] fp32
     act: torch.Tensor         # [B, I] fp32
-    amax_v: torch.Tensor      # [B, LM tiles] fp32
-    amax_i: torch.Tensor      # [B, LM tiles] int32
+    amax: torch.Tensor        # [B] int64: the LM head's packed argmax (common.argmax_key), KEY_EMPTY between steps
     inv_freq: torch.Tensor    # [D / 2] fp32, exactly as HF computes it
     hist: torch.Tensor        # [MAX_STEPS_PER_LAUNCH, B] int32: each step's token in a launch of several
     eps: float
@@ -64,14 +63,13 @@ class StepState:
         f32 = dict(dtype=torch.float32, device=dev)
         D = cfg.head_dim
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
-        nt = p.tiles(Op.LMHEAD)
         return StepState(
             w=mk.weights, tokens=mk.tokens, lengths=mk.cache.lengths, k_cache=mk.cache.k, v_cache=mk.cache.v,
             logits=mk.logits, x=torch.zeros(p.B, p.H, **f32), qkv=torch.zeros(p.B, p.QKV_ROWS, **f32),
             opart=torch.zeros(p.B * p.HQ * p.NSPLIT, D, **f32), ml=torch.zeros(p.B * p.HQ * p.NSPLIT, 2, **f32),
             tickets=torch.zeros(p.B * p.HKV, dtype=torch.int32, device=dev),
             attn=torch.zeros(p.B, p.HQ * D, **f32), act=torch.zeros(p.B, p.I, **f32),
-            amax_v=torch.zeros(p.B, nt, **f32), amax_i=torch.zeros(p.B, nt, dtype=torch.int32, device=dev),
+            amax=torch.full((p.B,), k_common.KEY_EMPTY.value, dtype=torch.int64, device=dev),
             inv_freq=inv_freq.to(dev), hist=torch.zeros(MAX_STEPS_PER_LAUNCH, p.B, dtype=torch.int32, device=dev),
             eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, num_warps=num_warps)
 
@@ -152,9 +150,9 @@ class PersistentBackend:
         self.words, self.lengths = words.to(dev), lengths.to(dev)
         self.counters = torch.zeros(self.tape.num_counters, dtype=torch.int32, device=dev)
         # the counter the step boundary waits on (several steps per launch): ARGMAX's, raised
-        # amax_n times a step; none in superkernel mode, which runs one step per launch
+        # argmax_n times a step; none in superkernel mode, which runs one step per launch
         amax = [ins for _, _, ins in self.tape.instructions() if ins.op == Op.ARGMAX and ins.signal_counter > 0]
-        self.amax_c, self.amax_n = (amax[0].signal_counter, len(amax)) if amax else (0, 0)
+        self.argmax_c, self.argmax_n = (amax[0].signal_counter, len(amax)) if amax else (0, 0)
         self.epoch = torch.zeros(workers, dtype=torch.int32, device=dev)
         self.trace_buf = torch.zeros(workers * words.shape[1] * TRACE_SLOTS if self.trace else 1, dtype=torch.int64,
                                      device=dev)
@@ -184,6 +182,7 @@ class PersistentBackend:
     def reset_counters(self):
         self._reset_at = self.steps
         self.counters.zero_()
+        self.st.amax.fill_(k_common.KEY_EMPTY.value)     # a failed step may have left a partial maximum
         self.epoch.zero_()
         self.st.tickets.zero_()
 
@@ -191,23 +190,23 @@ class PersistentBackend:
         p, st = self.plan, self.st
         w = st.w
         kwargs = dict(p.constexprs())
-        kwargs.update(NT_LM=p.tiles(Op.LMHEAD), SPIN=self.spin, TRACE=self.trace, PREFETCH_TAPE=self.prefetch_tape,
+        kwargs.update(SPIN=self.spin, TRACE=self.trace, PREFETCH_TAPE=self.prefetch_tape,
                       num_warps=self.num_warps)
         if st.x.device.type == "cuda":
             kwargs["launch_cooperative_grid"] = True   # the driver refuses a grid that is not co-resident
         args = (self.words, self.lengths, self.counters, self.epoch, self.err, self.trace_buf,
                 st.tokens, st.lengths, st.x, st.qkv, st.opart, st.ml, st.tickets, st.attn, st.act, st.logits,
-                st.amax_v, st.amax_i, st.inv_freq,
+                st.amax, st.inv_freq,
                 w.embed, w.lm_head, w.final_norm, w.input_norm, w.post_norm, w.q_norm, w.k_norm,
                 w.wqkv, w.wo, w.wgate_up, w.wdown, st.k_cache, st.v_cache, st.eps, self.words.shape[1],
-                st.hist, steps, self.amax_c, self.amax_n)
+                st.hist, steps, self.argmax_c, self.argmax_n)
         return args, kwargs
 
     @property
     def max_steps_per_launch(self) -> int:
         """Decode steps one launch can run: several in megakernel mode, one in superkernel mode
         (its step has no counter for the next step to wait on)."""
-        return MAX_STEPS_PER_LAUNCH if self.amax_n else 1
+        return MAX_STEPS_PER_LAUNCH if self.argmax_n else 1
 
     def launch(self, steps: int = 1):
         args, kwargs = self._args(steps)

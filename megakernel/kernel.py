@@ -15,7 +15,7 @@ epoch in ``epoch[pid]``, so no counter is reset between steps.
 
 One launch runs ``steps`` decode steps (megakernel mode): the tape once per step, the token of
 step s going from ARGMAX to the next step's EMBED on the device. Every program starts step s > 0
-by waiting for step s - 1's ARGMAX (counter ``amax_c``, ``amax_n`` signals a step), the boundary
+by waiting for step s - 1's ARGMAX (counter ``argmax_c``, ``argmax_n`` signals a step), the boundary
 a kernel launch gives one step per launch: every read and write of a step then follows every one
 of the step before. ``lengths`` stay those of the launch's first step until the last step's ARGMAX
 adds ``steps``; attention takes step s's position as ``lengths[b] + s``; ARGMAX writes step s's
@@ -48,15 +48,15 @@ WORDS: tl.constexpr = tl.constexpr(TAPE_WORDS)
 @triton.jit(do_not_specialize=["steps"])     # one binary for any number of steps per launch
 def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_ptr,
                tokens_ptr, lengths_ptr, x_ptr, qkv_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, act_ptr, logits_ptr,
-               amax_v_ptr, amax_i_ptr, inv_freq_ptr,
+               amax_ptr, inv_freq_ptr,
                embed_ptr, lm_ptr, fnorm_ptr, innorm_ptr, postnorm_ptr, qn_ptr, kn_ptr,
-               wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, kc_ptr, vc_ptr, eps, max_len, hist_ptr, steps, amax_c, amax_n,
+               wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, kc_ptr, vc_ptr, eps, max_len, hist_ptr, steps, argmax_c, argmax_n,
                B: tl.constexpr, H: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                I: tl.constexpr, V: tl.constexpr, L: tl.constexpr, S: tl.constexpr,
                R_QKV: tl.constexpr, R_O: tl.constexpr, R_GU: tl.constexpr, R_DOWN: tl.constexpr,
                R_LM: tl.constexpr, BK_H: tl.constexpr, BK_Q: tl.constexpr, BK_I: tl.constexpr,
                NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
-               NSPLIT_PAD: tl.constexpr, KV_STAGES: tl.constexpr, BATCHED: tl.constexpr, NT_LM: tl.constexpr,
+               NSPLIT_PAD: tl.constexpr, KV_STAGES: tl.constexpr, BATCHED: tl.constexpr,
                SPIN: tl.constexpr, TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr):
     pid = tl.program_id(0)
     n = tl.load(tape_len_ptr + pid)
@@ -66,24 +66,24 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
     ar = tl.arange(0, WORDS)
     row = tape_ptr + pid * max_len * WORDS
     for s in range(steps):
-        failed = _step(s, steps, pid, n, epoch, failed, row, ar, amax_c, amax_n, max_len,
+        failed = _step(s, steps, pid, n, epoch, failed, row, ar, argmax_c, argmax_n, max_len,
                        counters_ptr, err_ptr, trace_ptr,
                        tokens_ptr, lengths_ptr, x_ptr, qkv_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, act_ptr,
-                       logits_ptr, amax_v_ptr, amax_i_ptr, inv_freq_ptr, hist_ptr,
+                       logits_ptr, amax_ptr, inv_freq_ptr, hist_ptr,
                        embed_ptr, lm_ptr, fnorm_ptr, innorm_ptr, postnorm_ptr, qn_ptr, kn_ptr,
                        wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, kc_ptr, vc_ptr, eps,
                        B, H, D, HQ, HKV, I, V, L, S, R_QKV, R_O, R_GU, R_DOWN, R_LM, BK_H, BK_Q, BK_I,
-                       NSPLIT, BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, BATCHED, NT_LM, SPIN, TRACE,
+                       NSPLIT, BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, BATCHED, SPIN, TRACE,
                        PREFETCH_TAPE, QKV_N)
         epoch += 1
     tl.store(epoch_ptr + pid, epoch)
 
 
 @triton.jit
-def _step(s, steps, pid, n, epoch, failed, row, ar, amax_c, amax_n, max_len,
+def _step(s, steps, pid, n, epoch, failed, row, ar, argmax_c, argmax_n, max_len,
           counters_ptr, err_ptr, trace_ptr,
           tokens_ptr, lengths_ptr, x_ptr, qkv_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, act_ptr, logits_ptr,
-          amax_v_ptr, amax_i_ptr, inv_freq_ptr, hist_ptr,
+          amax_ptr, inv_freq_ptr, hist_ptr,
           embed_ptr, lm_ptr, fnorm_ptr, innorm_ptr, postnorm_ptr, qn_ptr, kn_ptr,
           wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, kc_ptr, vc_ptr, eps,
           B: tl.constexpr, H: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
@@ -91,17 +91,17 @@ def _step(s, steps, pid, n, epoch, failed, row, ar, amax_c, amax_n, max_len,
           R_QKV: tl.constexpr, R_O: tl.constexpr, R_GU: tl.constexpr, R_DOWN: tl.constexpr,
           R_LM: tl.constexpr, BK_H: tl.constexpr, BK_Q: tl.constexpr, BK_I: tl.constexpr,
           NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
-          NSPLIT_PAD: tl.constexpr, KV_STAGES: tl.constexpr, BATCHED: tl.constexpr, NT_LM: tl.constexpr,
+          NSPLIT_PAD: tl.constexpr, KV_STAGES: tl.constexpr, BATCHED: tl.constexpr,
           SPIN: tl.constexpr, TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr, QKV_N: tl.constexpr):
     """Step s of the launch: this program's list of the tape, once. Returns the failure flag."""
     i = 0
     if (s > 0) & (failed == 0):
         # the step boundary: everything of the previous step has happened once its ARGMAX has
-        target = amax_n * epoch
-        seen = wait_counter(counters_ptr + amax_c, target, SPIN)
+        target = argmax_n * epoch
+        seen = wait_counter(counters_ptr + argmax_c, target, SPIN)
         if seen < target:
             tl.store(err_ptr + 1 + pid * 4, -1)     # -1: at a step boundary, not at a tape position
-            tl.store(err_ptr + 2 + pid * 4, amax_c)
+            tl.store(err_ptr + 2 + pid * 4, argmax_c)
             tl.store(err_ptr + 3 + pid * 4, target)
             tl.store(err_ptr + 4 + pid * 4, seen)
             tl.atomic_xchg(err_ptr, 1, sem=RELEASE, scope="gpu")
@@ -151,11 +151,11 @@ def _step(s, steps, pid, n, epoch, failed, row, ar, amax_c, amax_n, max_len,
             seen = residual_tile(t0, t1, layer, act_ptr, wdown_ptr, x_ptr, cnt, target, B, H, I, R_DOWN,
                                  BK_I, True, SPIN, BATCHED, tr, TRACE)
         elif op == OP_LMHEAD:
-            seen = lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_v_ptr, amax_i_ptr, eps,
-                               cnt, target, B, H, V, R_LM, BK_H, NT_LM, True, SPIN, BATCHED, tr, TRACE)
+            seen = lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_ptr, eps,
+                               cnt, target, B, H, V, R_LM, BK_H, True, SPIN, BATCHED, tr, TRACE)
         elif op == OP_ARGMAX:
-            seen = argmax_tile(t0, t1, amax_v_ptr, amax_i_ptr, tokens_ptr, lengths_ptr, hist_ptr, s, steps, cnt,
-                               target, B, NT_LM, 1024, True, SPIN)
+            seen = argmax_tile(t0, t1, amax_ptr, tokens_ptr, lengths_ptr, hist_ptr, s, steps, cnt, target, B,
+                               True, SPIN)
         elif op == OP_EMBED:
             embed_tile(t0, t1, tokens_ptr, embed_ptr, x_ptr, H, BK_H)
         elif op == OP_BARRIER:

@@ -99,10 +99,10 @@ def test_step_boundary_wait_is_bounded(tiny_checkpoint):
     model = load_model(str(tiny.folder), device="cpu", progress=False)
     mk = MegaQwen3(model, max_seq_len=32, backend="megakernel")
     mk.prefill([1, 2, 3])
-    n = mk.backend.amax_n
-    mk.backend.amax_n = 10 ** 6
+    n = mk.backend.argmax_n
+    mk.backend.argmax_n = 10 ** 6
     with pytest.raises(MegakernelError, match=r"worker 0 timed out at the start of a step .* previous step's ARGMAX"):
         mk.steps(2, per_launch=2)
-    mk.backend.amax_n = n
+    mk.backend.argmax_n = n
     mk.prefill([1, 2, 3])
     assert mk.steps(3).shape == (1, 3)
