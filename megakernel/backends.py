@@ -302,7 +302,8 @@ def per_op_launches(st: StepState, plan: Plan):
     """The step as standalone launches, in dependency order: (name, fn, layer)."""
     seq = [("embed", k_embed.embed, 0)]
     for l in range(plan.L):
-        seq += [("qkv", k_qkv.qkv, l), ("attention", k_attention.attention, l), ("oproj", k_matvec.oproj, l), ("gateup", k_matvec.gateup, l), ("down", k_matvec.down, l)]
+        seq += [("qkv", k_qkv.qkv, l), ("attention", k_attention.attention, l), ("oproj", k_matvec.oproj, l),
+                ("gateup", k_matvec.gateup, l), ("down", k_matvec.down, l)]
     seq += [("lmhead", k_matvec.lmhead, 0), ("argmax", k_argmax.argmax, 0)]
     return seq
 

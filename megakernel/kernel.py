@@ -65,118 +65,92 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
     failed = tl.atomic_add(err_ptr, 0, sem=RELAXED, scope="gpu")   # a failed earlier step stays failed
     ar = tl.arange(0, WORDS)
     row = tape_ptr + pid * max_len * WORDS
-    for s in range(steps):
-        failed = _step(s, steps, pid, n, epoch, failed, row, ar, argmax_c, argmax_n, max_len,
-                       counters_ptr, err_ptr, trace_ptr,
-                       tokens_ptr, lengths_ptr, x_ptr, qkv_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, act_ptr,
-                       logits_ptr, amax_ptr, inv_freq_ptr, hist_ptr,
-                       embed_ptr, lm_ptr, fnorm_ptr, innorm_ptr, postnorm_ptr, qn_ptr, kn_ptr,
-                       wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, kc_ptr, vc_ptr, eps,
-                       B, H, D, HQ, HKV, I, V, L, S, R_QKV, R_O, R_GU, R_DOWN, R_LM, BK_H, BK_Q, BK_I,
-                       NSPLIT, BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, BATCHED, SPIN, TRACE,
-                       PREFETCH_TAPE, QKV_N)
+    for s in range(steps):    # step s of the launch: this program's list of the tape, once
+        i = 0
+        if (s > 0) & (failed == 0):
+            # the step boundary: everything of the previous step has happened once its ARGMAX has
+            target = argmax_n * epoch
+            seen = wait_counter(counters_ptr + argmax_c, target, SPIN)
+            if seen < target:
+                tl.store(err_ptr + 1 + pid * 4, -1)     # -1: at a step boundary, not at a tape position
+                tl.store(err_ptr + 2 + pid * 4, argmax_c)
+                tl.store(err_ptr + 3 + pid * 4, target)
+                tl.store(err_ptr + 4 + pid * 4, seen)
+                tl.atomic_xchg(err_ptr, 1, sem=RELEASE, scope="gpu")
+                failed = 1
+        if PREFETCH_TAPE:
+            nxt = tl.load(row + ar)
+        while (i < n) & (failed == 0):
+            if PREFETCH_TAPE:
+                cur = nxt
+                # fetch the next instruction now: its load overlaps this one's work
+                nxt = tl.load(row + (i + 1) * WORDS + ar, mask=(i + 1) * WORDS + ar < max_len * WORDS, other=0)
+                op = tl.sum(tl.where(ar == 0, cur, 0), axis=0)
+                layer = tl.sum(tl.where(ar == 1, cur, 0), axis=0)
+                t0 = tl.sum(tl.where(ar == 2, cur, 0), axis=0)
+                t1 = tl.sum(tl.where(ar == 3, cur, 0), axis=0)
+                wc = tl.sum(tl.where(ar == 4, cur, 0), axis=0)
+                target = tl.sum(tl.where(ar == 5, cur, 0), axis=0) * (epoch + 1)
+                sc = tl.sum(tl.where(ar == 6, cur, 0), axis=0)
+            else:
+                # scalar fetch: triton-ascend's adapter cannot lower the loop-carried row above
+                op = tl.load(row + i * WORDS)
+                layer = tl.load(row + i * WORDS + 1)
+                t0 = tl.load(row + i * WORDS + 2)
+                t1 = tl.load(row + i * WORDS + 3)
+                wc = tl.load(row + i * WORDS + 4)
+                target = tl.load(row + i * WORDS + 5) * (epoch + 1)
+                sc = tl.load(row + i * WORDS + 6)
+            cnt = counters_ptr + wc
+            tr = trace_ptr + (pid * max_len + i) * TRACE_SLOTS     # this instruction's trace slots
+            if TRACE:
+                tl.store(tr, tl.extra.cuda.globaltimer())
+            seen = target
+            if op == OP_QKV:
+                seen = qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, cnt, target,
+                                B, H, QKV_N, R_QKV, BK_H, True, SPIN, BATCHED, tr, TRACE)
+            elif op == OP_ATTN:
+                seen = attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, s, kc_ptr, vc_ptr,
+                                 opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt, target, B, D, HQ, HKV, S, NSPLIT,
+                                 BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, True, SPIN, tr, TRACE)
+            elif op == OP_OPROJ:
+                seen = residual_tile(t0, t1, layer, attn_ptr, wo_ptr, x_ptr, cnt, target, B, H, HQ * D, R_O,
+                                     BK_Q, True, SPIN, BATCHED, tr, TRACE)
+            elif op == OP_GATEUP:
+                seen = gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt, target,
+                                   B, H, I, R_GU, BK_H, True, SPIN, BATCHED, tr, TRACE)
+            elif op == OP_DOWN:
+                seen = residual_tile(t0, t1, layer, act_ptr, wdown_ptr, x_ptr, cnt, target, B, H, I, R_DOWN,
+                                     BK_I, True, SPIN, BATCHED, tr, TRACE)
+            elif op == OP_LMHEAD:
+                seen = lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_ptr, eps,
+                                   cnt, target, B, H, V, R_LM, BK_H, True, SPIN, BATCHED, tr, TRACE)
+            elif op == OP_ARGMAX:
+                seen = argmax_tile(t0, t1, amax_ptr, tokens_ptr, lengths_ptr, hist_ptr, s, steps, cnt, target, B,
+                                   True, SPIN)
+            elif op == OP_EMBED:
+                embed_tile(t0, t1, tokens_ptr, embed_ptr, x_ptr, H, BK_H)
+            elif op == OP_BARRIER:
+                # superkernel: arrive, then wait for every worker (a grid-wide barrier)
+                tl.debug_barrier()
+                tl.atomic_add(cnt, 1, sem=RELEASE, scope="gpu")
+                seen = wait_counter(cnt, target, SPIN)
+            tl.debug_barrier()    # every thread's stores issued before the release below
+            if seen < target:
+                # timed out: record where this worker stopped and on what, raise the flag, stop. It does
+                # not signal, so what depends on it stalls too; the host finds the root cause.
+                tl.store(err_ptr + 1 + pid * 4, i + 1)
+                tl.store(err_ptr + 2 + pid * 4, wc)
+                tl.store(err_ptr + 3 + pid * 4, target)
+                tl.store(err_ptr + 4 + pid * 4, seen)
+                tl.atomic_xchg(err_ptr, 1, sem=RELEASE, scope="gpu")
+                failed = 1
+            elif (sc >= 0) & (op != OP_BARRIER):    # a barrier has already arrived on its counter
+                tl.atomic_add(counters_ptr + sc, 1, sem=RELEASE, scope="gpu")
+            if TRACE:
+                tl.store(tr + 1, tl.extra.cuda.globaltimer())
+            i += 1
         epoch += 1
     tl.store(epoch_ptr + pid, epoch)
 
-
-@triton.jit
-def _step(s, steps, pid, n, epoch, failed, row, ar, argmax_c, argmax_n, max_len,
-          counters_ptr, err_ptr, trace_ptr,
-          tokens_ptr, lengths_ptr, x_ptr, qkv_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, act_ptr, logits_ptr,
-          amax_ptr, inv_freq_ptr, hist_ptr,
-          embed_ptr, lm_ptr, fnorm_ptr, innorm_ptr, postnorm_ptr, qn_ptr, kn_ptr,
-          wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, kc_ptr, vc_ptr, eps,
-          B: tl.constexpr, H: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
-          I: tl.constexpr, V: tl.constexpr, L: tl.constexpr, S: tl.constexpr,
-          R_QKV: tl.constexpr, R_O: tl.constexpr, R_GU: tl.constexpr, R_DOWN: tl.constexpr,
-          R_LM: tl.constexpr, BK_H: tl.constexpr, BK_Q: tl.constexpr, BK_I: tl.constexpr,
-          NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
-          NSPLIT_PAD: tl.constexpr, KV_STAGES: tl.constexpr, BATCHED: tl.constexpr,
-          SPIN: tl.constexpr, TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr, QKV_N: tl.constexpr):
-    """Step s of the launch: this program's list of the tape, once. Returns the failure flag."""
-    i = 0
-    if (s > 0) & (failed == 0):
-        # the step boundary: everything of the previous step has happened once its ARGMAX has
-        target = argmax_n * epoch
-        seen = wait_counter(counters_ptr + argmax_c, target, SPIN)
-        if seen < target:
-            tl.store(err_ptr + 1 + pid * 4, -1)     # -1: at a step boundary, not at a tape position
-            tl.store(err_ptr + 2 + pid * 4, argmax_c)
-            tl.store(err_ptr + 3 + pid * 4, target)
-            tl.store(err_ptr + 4 + pid * 4, seen)
-            tl.atomic_xchg(err_ptr, 1, sem=RELEASE, scope="gpu")
-            failed = 1
-    if PREFETCH_TAPE:
-        nxt = tl.load(row + ar)
-    while (i < n) & (failed == 0):
-        if PREFETCH_TAPE:
-            cur = nxt
-            # fetch the next instruction now: its load overlaps this one's work
-            nxt = tl.load(row + (i + 1) * WORDS + ar, mask=(i + 1) * WORDS + ar < max_len * WORDS, other=0)
-            op = tl.sum(tl.where(ar == 0, cur, 0), axis=0)
-            layer = tl.sum(tl.where(ar == 1, cur, 0), axis=0)
-            t0 = tl.sum(tl.where(ar == 2, cur, 0), axis=0)
-            t1 = tl.sum(tl.where(ar == 3, cur, 0), axis=0)
-            wc = tl.sum(tl.where(ar == 4, cur, 0), axis=0)
-            target = tl.sum(tl.where(ar == 5, cur, 0), axis=0) * (epoch + 1)
-            sc = tl.sum(tl.where(ar == 6, cur, 0), axis=0)
-        else:
-            # scalar fetch: triton-ascend's adapter cannot lower the loop-carried row above
-            op = tl.load(row + i * WORDS)
-            layer = tl.load(row + i * WORDS + 1)
-            t0 = tl.load(row + i * WORDS + 2)
-            t1 = tl.load(row + i * WORDS + 3)
-            wc = tl.load(row + i * WORDS + 4)
-            target = tl.load(row + i * WORDS + 5) * (epoch + 1)
-            sc = tl.load(row + i * WORDS + 6)
-        cnt = counters_ptr + wc
-        tr = trace_ptr + (pid * max_len + i) * TRACE_SLOTS     # this instruction's trace slots
-        if TRACE:
-            tl.store(tr, tl.extra.cuda.globaltimer())
-        seen = target
-        if op == OP_QKV:
-            seen = qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, cnt, target,
-                            B, H, QKV_N, R_QKV, BK_H, True, SPIN, BATCHED, tr, TRACE)
-        elif op == OP_ATTN:
-            seen = attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, s, kc_ptr, vc_ptr,
-                             opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt, target, B, D, HQ, HKV, S, NSPLIT,
-                             BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, True, SPIN, tr, TRACE)
-        elif op == OP_OPROJ:
-            seen = residual_tile(t0, t1, layer, attn_ptr, wo_ptr, x_ptr, cnt, target, B, H, HQ * D, R_O,
-                                 BK_Q, True, SPIN, BATCHED, tr, TRACE)
-        elif op == OP_GATEUP:
-            seen = gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt, target,
-                               B, H, I, R_GU, BK_H, True, SPIN, BATCHED, tr, TRACE)
-        elif op == OP_DOWN:
-            seen = residual_tile(t0, t1, layer, act_ptr, wdown_ptr, x_ptr, cnt, target, B, H, I, R_DOWN,
-                                 BK_I, True, SPIN, BATCHED, tr, TRACE)
-        elif op == OP_LMHEAD:
-            seen = lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_ptr, eps,
-                               cnt, target, B, H, V, R_LM, BK_H, True, SPIN, BATCHED, tr, TRACE)
-        elif op == OP_ARGMAX:
-            seen = argmax_tile(t0, t1, amax_ptr, tokens_ptr, lengths_ptr, hist_ptr, s, steps, cnt, target, B,
-                               True, SPIN)
-        elif op == OP_EMBED:
-            embed_tile(t0, t1, tokens_ptr, embed_ptr, x_ptr, H, BK_H)
-        elif op == OP_BARRIER:
-            # superkernel: arrive, then wait for every worker (a grid-wide barrier)
-            tl.debug_barrier()
-            tl.atomic_add(cnt, 1, sem=RELEASE, scope="gpu")
-            seen = wait_counter(cnt, target, SPIN)
-        tl.debug_barrier()    # every thread's stores issued before the release below
-        if seen < target:
-            # timed out: record where this worker stopped and on what, raise the flag, stop. It does
-            # not signal, so what depends on it stalls too; the host finds the root cause.
-            tl.store(err_ptr + 1 + pid * 4, i + 1)
-            tl.store(err_ptr + 2 + pid * 4, wc)
-            tl.store(err_ptr + 3 + pid * 4, target)
-            tl.store(err_ptr + 4 + pid * 4, seen)
-            tl.atomic_xchg(err_ptr, 1, sem=RELEASE, scope="gpu")
-            failed = 1
-        elif (sc >= 0) & (op != OP_BARRIER):    # a barrier has already arrived on its counter
-            tl.atomic_add(counters_ptr + sc, 1, sem=RELEASE, scope="gpu")
-        if TRACE:
-            tl.store(tr + 1, tl.extra.cuda.globaltimer())
-        i += 1
-    return failed
 

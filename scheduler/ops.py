@@ -31,8 +31,8 @@ class Op(enum.IntEnum):
     OPROJ = 4      # x[b] += Wo attn[b]                                        tile: R_O rows
     GATEUP = 5     # act[b] = silu(Wg h) * (Wu h), h = rmsnorm(x[b])           tile: R_GU rows of each
     DOWN = 6       # x[b] += Wd act[b]                                         tile: R_DOWN rows
-    LMHEAD = 7     # logits[b] = Wlm rmsnorm(x[b]); per-tile max and argmax   tile: R_LM rows
-    ARGMAX = 8     # token[b] = argmax over tiles; length[b] += 1              tile: one sequence
+    LMHEAD = 7     # logits[b] = Wlm rmsnorm(x[b]); raises the packed argmax   tile: R_LM rows
+    ARGMAX = 8     # token[b] from the packed argmax; length[b] += steps       tile: one sequence
     BARRIER = 9    # superkernel: signal, then wait for every worker           (no tiles)
 
 
