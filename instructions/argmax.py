@@ -43,7 +43,6 @@ def argmax(st, p, layer=0):
 
 
 def argmax_ref(st, p, layer, t0, t1):
-    from .common import KEY_EMPTY
     for b in range(t0, t1):
         key = int(st.amax[b])
         st.amax[b] = KEY_EMPTY.value

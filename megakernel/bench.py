@@ -143,7 +143,7 @@ def run_backend(name, model, prompt, args, dev):
     if name == "hf":
         runner = HFRunner(model, B)
         prefill = lambda: runner.prefill(prompt).argmax(-1)  # noqa: E731
-        step = lambda tok: runner.step(tok).argmax(-1)  # noqa: E731
+        step = lambda tok, k: runner.step(tok).argmax(-1)[:, None]  # noqa: E731
     elif name == "torch-compile" or (name == "superkernel" and dev.type == "npu"):
         from models.qwen3.reference import KVCache, Qwen3Reference, decode_static
         cfg, w = model.config, model.weights
@@ -155,19 +155,15 @@ def run_backend(name, model, prompt, args, dev):
         else:
             fn = torch.compile(body, mode="reduce-overhead", fullgraph=True)
         prefill = lambda: (cache.reset(), ref.prefill(list(prompt)).argmax(-1))[1]  # noqa: E731
-        step = lambda tok: fn(tok).argmax(-1).clone()  # noqa: E731
+        step = lambda tok, k: fn(tok).argmax(-1)[:, None].clone()  # noqa: E731
         warmup = 3      # compile and record the graph, on any device
     else:
         from . import MegaQwen3
         opts = {"trace": True} if name == "megakernel" and args.trace else {}
         mk = MegaQwen3(model, max_seq_len=args.max_seq_len, batch_size=B, backend=name, **opts)
         prefill = lambda: (mk.prefill(prompt), mk.tokens.long())[1]  # noqa: E731
-        per_launch = min(args.steps_per_launch, mk.steps_per_launch)
-        res["steps_per_launch"] = per_launch
-        if per_launch == 1:
-            step = lambda tok: mk.step()  # noqa: E731
-        else:
-            step = lambda tok, k: mk.steps(k, per_launch=k)  # noqa: E731
+        res["steps_per_launch"] = min(args.steps_per_launch, mk.steps_per_launch)
+        step = lambda tok, k: mk.steps(k, per_launch=k)  # noqa: E731
 
         def finish_kernel():
             if hasattr(mk.backend, "synchronize"):
@@ -189,12 +185,11 @@ def run_backend(name, model, prompt, args, dev):
 
 def _time_decode(prefill, step, n, warmup, dev, t0, per_launch=1):
     """Warm up, then time one prefill and n - 1 steps with device events. ``prefill()`` returns the
-    first tokens [B]; ``step(tok)`` the next, or with ``per_launch`` k > 1, ``step(tok, k)`` the
-    next k as [B, k] from one launch, timed as a whole and counted as k steps of a k-th of its
-    time each. Returns (tokens [B, n], step ms, prefill ms, setup s since ``t0``)."""
+    first tokens [B]; ``step(tok, k)`` the next k (at most ``per_launch``; backends that run one step
+    at a time get k = 1) as [B, k], timed as a whole and counted as k steps of a k-th of its time
+    each. Returns (tokens [B, n], step ms, prefill ms, setup s since ``t0``)."""
     for _ in range(warmup):
-        tok = prefill()
-        step(tok) if per_launch == 1 else step(tok, min(per_launch, n - 1))
+        step(prefill(), min(per_launch, n - 1))
     _sync(dev)
     setup_s = time.perf_counter() - t0
     with Timer(dev) as tp:
@@ -205,8 +200,7 @@ def _time_decode(prefill, step, n, warmup, dev, t0, per_launch=1):
     while left > 0:
         k = min(per_launch, left)
         with Timer(dev) as t:
-            got = step(tok) if per_launch == 1 else step(tok, k)
-        toks = [got] if per_launch == 1 else list(got.unbind(1))
+            toks = list(step(tok, k).unbind(1))
         out += toks
         tok = toks[-1]
         timers += [(t, k)] * k
@@ -328,8 +322,9 @@ def bench(args):
     if bad:
         raise ValueError(f"unknown backend {bad[0]!r} in --compare: choose from {', '.join(PEERS)}")
     lens = [int(x) for x in args.prompt_len.split(",")]
-    if not 1 <= args.steps_per_launch <= 64:
-        raise ValueError("--steps-per-launch must be between 1 and 64")
+    from .backends import MAX_STEPS_PER_LAUNCH
+    if not 1 <= args.steps_per_launch <= MAX_STEPS_PER_LAUNCH:
+        raise ValueError(f"--steps-per-launch must be between 1 and {MAX_STEPS_PER_LAUNCH}")
     if args.new_tokens < 2:
         raise ValueError("--new-tokens must be at least 2")
     model = load_model(args.model, random_weights=args.random_weights, device=args.device)

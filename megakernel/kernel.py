@@ -45,6 +45,18 @@ OP_BARRIER: tl.constexpr = tl.constexpr(int(Op.BARRIER))
 WORDS: tl.constexpr = tl.constexpr(TAPE_WORDS)
 
 
+@triton.jit
+def _timed_out(err_ptr, pid, pos1, counter, target, seen):
+    """Record where worker pid stopped (tape position + 1, or -1 at a step boundary) and on what
+    wait, raise the error flag; returns the worker's failure flag (1)."""
+    tl.store(err_ptr + 1 + pid * 4, pos1)
+    tl.store(err_ptr + 2 + pid * 4, counter)
+    tl.store(err_ptr + 3 + pid * 4, target)
+    tl.store(err_ptr + 4 + pid * 4, seen)
+    tl.atomic_xchg(err_ptr, 1, sem=RELEASE, scope="gpu")
+    return 1
+
+
 @triton.jit(do_not_specialize=["steps"])     # one binary for any number of steps per launch
 def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_ptr,
                tokens_ptr, lengths_ptr, x_ptr, qkv_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, act_ptr, logits_ptr,
@@ -72,12 +84,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
             target = argmax_n * epoch
             seen = wait_counter(counters_ptr + argmax_c, target, SPIN)
             if seen < target:
-                tl.store(err_ptr + 1 + pid * 4, -1)     # -1: at a step boundary, not at a tape position
-                tl.store(err_ptr + 2 + pid * 4, argmax_c)
-                tl.store(err_ptr + 3 + pid * 4, target)
-                tl.store(err_ptr + 4 + pid * 4, seen)
-                tl.atomic_xchg(err_ptr, 1, sem=RELEASE, scope="gpu")
-                failed = 1
+                failed = _timed_out(err_ptr, pid, -1, argmax_c, target, seen)   # -1: not at a tape position
         if PREFETCH_TAPE:
             nxt = tl.load(row + ar)
         while (i < n) & (failed == 0):
@@ -137,14 +144,9 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                 seen = wait_counter(cnt, target, SPIN)
             tl.debug_barrier()    # every thread's stores issued before the release below
             if seen < target:
-                # timed out: record where this worker stopped and on what, raise the flag, stop. It does
-                # not signal, so what depends on it stalls too; the host finds the root cause.
-                tl.store(err_ptr + 1 + pid * 4, i + 1)
-                tl.store(err_ptr + 2 + pid * 4, wc)
-                tl.store(err_ptr + 3 + pid * 4, target)
-                tl.store(err_ptr + 4 + pid * 4, seen)
-                tl.atomic_xchg(err_ptr, 1, sem=RELEASE, scope="gpu")
-                failed = 1
+                # timed out: this worker stops without signalling, so what depends on it stalls too;
+                # the host finds the root cause
+                failed = _timed_out(err_ptr, pid, i + 1, wc, target, seen)
             elif (sc >= 0) & (op != OP_BARRIER):    # a barrier has already arrived on its counter
                 tl.atomic_add(counters_ptr + sc, 1, sem=RELEASE, scope="gpu")
             if TRACE:

@@ -17,10 +17,6 @@ from models.qwen3.reference import KVCache, Qwen3Reference
 from models.qwen3.sampling import SamplingParams, sample
 
 BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph", "reference", "vm")
-# Steps per launch in ``generate`` where the backend runs several (greedy, megakernel): at most
-# this many steps past a stop token are computed and dropped (0.6b batch 1 on an H100: 0.778 ms a
-# token at one step per launch, 0.768 at 16, 0.763 at 64; bench/NOTES.md 37).
-GENERATE_STEPS_PER_LAUNCH = 64
 
 
 class ReferenceBackend:
@@ -201,7 +197,7 @@ class MegaQwen3:
         # greedy decoding on the megakernel runs several steps per launch after a first one alone
         # (which compiles the kernel on first use, so the tokens' arrival times show it apart); a
         # launch may run steps past the last stop token, whose tokens are dropped
-        chunk = min(GENERATE_STEPS_PER_LAUNCH, self.steps_per_launch)
+        chunk = self.steps_per_launch
         pending: list[torch.Tensor] = []
         for i in range(max_new_tokens):
             if i:
