@@ -84,11 +84,11 @@ def default_workers(device: torch.device) -> int:
     return 1    # the interpreter runs programs one after another: one worker runs the whole tape
 
 
-def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = None) -> Plan:
+def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = None, num_warps: int = 4) -> Plan:
     """The tile sizes for ``workers`` workers, with any fields overridden (experiments). The
     persistent and per-op backends both use it, so with the same workers their numbers agree bit
     for bit."""
-    plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk)
+    plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk, num_warps=num_warps)
     return dataclasses.replace(plan, **(overrides or {}))
 
 
@@ -146,7 +146,7 @@ class PersistentBackend:
 
     def _build(self, workers: int):
         mk, dev = self.mk, self.mk.weights.device
-        self.plan = tile_plan(mk, workers, self.max_bk, self.plan_overrides)
+        self.plan = tile_plan(mk, workers, self.max_bk, self.plan_overrides, self.num_warps)
         self.tape: Tape = build_tape(self.plan, workers, strategy=self.strategy, mode=self.mode)
         words, lengths = encode(self.tape)
         self.words, self.lengths = words.to(dev), lengths.to(dev)
@@ -322,7 +322,7 @@ class PerOpBackend:
         self.mk = mk
         # the same tile sizes as the megakernel would use, so the numbers agree bit for bit
         workers = num_workers or default_workers(dev) * (workers_per_sm if dev.type == "cuda" else 1)
-        self.plan = tile_plan(mk, workers, max_bk, plan_overrides)
+        self.plan = tile_plan(mk, workers, max_bk, plan_overrides, num_warps)
         self.st = StepState.allocate(mk, self.plan, num_warps)
         self.seq = per_op_launches(self.st, self.plan)
         self.graph = None

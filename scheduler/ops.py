@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 
 WORDS = 8
 
@@ -143,7 +144,8 @@ BATCH_DOT = 16
 # bench/NOTES.md 16 and 18. From BATCH_DOT the tiles are always batched, with 16 rows.
 BATCHED_MAX_TILES = 4
 
-# Rows of weights one tile holds in registers: about this many elements per K-chunk.
+# Rows of weights one tile holds in registers: about this many elements per K-chunk, for a program
+# of 4 warps (128 per thread; a program of more warps holds proportionally more).
 TILE_ELEMS = 16384
 MAX_BK = 4096
 
@@ -152,11 +154,11 @@ def _block_k(K: int, max_bk: int = MAX_BK) -> int:
     return min(next_pow2(K), max_bk)
 
 
-def _rows(N: int, K: int, workers: int, cap: int = 64, max_bk: int = MAX_BK) -> int:
+def _rows(N: int, K: int, workers: int, cap: int = 64, max_bk: int = MAX_BK, elems: int = TILE_ELEMS) -> int:
     """Power-of-two rows per tile: as few tiles as gives each worker at most one (so a worker's
     whole share of a GEMV is loaded before it waits), within what a tile can hold in registers.
     With two workers per SM this still gives every SM at least one tile."""
-    by_regs = max(1, TILE_ELEMS // _block_k(K, max_bk))
+    by_regs = max(1, elems // _block_k(K, max_bk))
     by_workers = next_pow2(_cdiv(N, max(1, workers)))
     return max(1, min(cap, _pow2_floor(by_regs), by_workers))
 
@@ -173,8 +175,9 @@ def _balanced(R: int, N: int, workers: int, slack: float = 1.1) -> int:
 
 
 def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
-              lm_rows: int | None = None, max_bk: int = MAX_BK) -> Plan:
+              lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4) -> Plan:
     H, D, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    rows = partial(_rows, max_bk=max_bk, elems=TILE_ELEMS * num_warps // 4)
     G = cfg.group_size
     qkv_rows = cfg.qkv_size
     g_pad, d_pad = next_pow2(G), next_pow2(D)
@@ -194,8 +197,8 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         # max_seq_len.
         nsplit = _pow2_floor(max(1, workers // (batch_size * cfg.num_key_value_heads)))
         nsplit = max(1, min(nsplit, next_pow2(_cdiv(max_seq_len, block_s))))
-    r_gu = max(1, _rows(I, H, workers, max_bk=max_bk) // 2)      # rows of gate and of up per tile
-    r_down = _rows(H, I, workers, max_bk=max_bk)
+    r_gu = max(1, rows(I, H, workers) // 2)      # rows of gate and of up per tile
+    r_down = rows(H, I, workers)
     if batch_size == 1:
         r_gu = _balanced(r_gu, I, workers)
         # Down tiles of half the register budget: each worker then has half the bytes in flight
@@ -206,10 +209,10 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
     plan = Plan(
         B=batch_size, H=H, D=D, HQ=cfg.num_attention_heads, HKV=cfg.num_key_value_heads, I=I,
         V=cfg.vocab_size, L=cfg.num_hidden_layers, S=max_seq_len,
-        R_QKV=min(_rows(qkv_rows, H, workers, max_bk=max_bk), D & -D),
-        R_O=_rows(H, cfg.q_size, workers, max_bk=max_bk),
+        R_QKV=min(rows(qkv_rows, H, workers), D & -D),
+        R_O=rows(H, cfg.q_size, workers),
         R_GU=r_gu, R_DOWN=r_down,
-        R_LM=lm_rows or _rows(cfg.vocab_size, H, workers, cap=16, max_bk=max_bk),
+        R_LM=lm_rows or rows(cfg.vocab_size, H, workers, cap=16),
         BK_H=_block_k(H, max_bk), BK_Q=_block_k(cfg.q_size, max_bk), BK_I=_block_k(I, max_bk),
         NSPLIT=nsplit, BLOCK_S=block_s, D_PAD=d_pad, G_PAD=g_pad,
         # Blocks in flight per attention tile: 3 stages (two blocks ahead, 33 KB of shared memory)
