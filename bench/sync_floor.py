@@ -130,6 +130,21 @@ def flag_chain_kernel(counters_ptr, data_ptr, out_ptr, retry_ptr, stages, SPIN: 
     tl.store(retry_ptr + pid, retries)
 
 
+def _launch_us(launch, reset, reps: int) -> float:
+    """Median time of ``reps`` event-timed launches (after two untimed ones), ``reset()`` before each."""
+    times = []
+    for _ in range(reps + 2):
+        reset()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        launch()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    times = sorted(times[2:])
+    return times[len(times) // 2]
+
+
 def flag_stage_us(programs: int, stages: int, hidden: int, relaxed_poll: bool, reps: int = 20):
     dev = "cuda"
     counters = torch.zeros(stages, dtype=torch.int32, device=dev)
@@ -137,22 +152,23 @@ def flag_stage_us(programs: int, stages: int, hidden: int, relaxed_poll: bool, r
     out = torch.zeros(programs, dtype=torch.float32, device=dev)
     retry = torch.zeros(programs, dtype=torch.int32, device=dev)
     slice_ = triton.next_power_of_2(-(-hidden // programs))
-    times, nretry = [], 0
-    for _ in range(reps + 2):
+    nretry = []
+
+    def reset():      # before the timed region: the previous launch's reloads, then a clean slate
+        nretry.append(retry.sum())
+        retry.zero_()
         counters.zero_()
         buf.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
+
+    def launch():
         flag_chain_kernel[(programs,)](counters, buf, out, retry, stages, SPIN=1 << 20, H=hidden, SLICE=slice_,
                                        RELAXED_POLL=relaxed_poll, num_warps=4, launch_cooperative_grid=True)
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-        nretry += int(retry.sum())
+
+    us = _launch_us(launch, reset, reps)
+    nretry.append(retry.sum())
     if float(out.max()) >= 1e9:
         raise RuntimeError("a wait timed out")
-    times = sorted(times[2:])
-    return times[len(times) // 2] / stages, nretry / (reps + 2)
+    return us / stages, float(sum(nretry)) / (reps + 2)
 
 
 def per_stage_us(programs: int, stages: int, hidden: int, data: bool, red: int = 0, nred: int = 0,
@@ -163,20 +179,16 @@ def per_stage_us(programs: int, stages: int, hidden: int, data: bool, red: int =
     rbuf = torch.zeros(stages * hidden if red == 2 else 1, dtype=torch.int64, device=dev)
     out = torch.zeros(programs, dtype=torch.float32, device=dev)
     slice_ = triton.next_power_of_2(-(-hidden // programs))
-    times = []
-    for _ in range(reps + 2):
-        counters.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
+
+    def launch():
         chain_kernel[(programs,)](counters, buf, out, rbuf, stages, nred, SPIN=1 << 20, DATA=data, H=hidden,
-                                  SLICE=slice_, RED=red, REP=replicas, NSUB=nsub, num_warps=4, launch_cooperative_grid=True)
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
+                                  SLICE=slice_, RED=red, REP=replicas, NSUB=nsub, num_warps=4,
+                                  launch_cooperative_grid=True)
+
+    us = _launch_us(launch, counters.zero_, reps)
     if float(out.max()) >= 1e9:
         raise RuntimeError("a wait timed out")
-    times = sorted(times[2:])
-    return times[len(times) // 2] / stages
+    return us / stages
 
 
 def main():
