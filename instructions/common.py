@@ -123,16 +123,34 @@ def dot_rows(w_ptr, w0, xn0, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, rstd
              NORM: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
     """acc[r] = sum_k W[row0 + r, k] * v[k] for r < R, where v = x (float32, read through L2) or,
     with NORM, v = x * rstd * norm_weight. ``w0`` and ``xn0`` are the first K-chunk of the weights
-    and of v, already loaded."""
-    kk = tl.arange(0, BK)
-    acc = tl.sum(w0.to(tl.float32) * xn0[None, :], axis=1)
-    for k0 in range(BK, K, BK):
-        w = load_w(w_ptr, row0, row_end, K, k0, R, BK)
-        x = tl.load(x_ptr + k0 + kk, mask=k0 + kk < K, other=0.0, cache_modifier=".cg")
-        if NORM:
-            x = x * rstd * tl.load(nw_ptr + k0 + kk, mask=k0 + kk < K, other=0.0).to(tl.float32)
+    and of v, already loaded. Where K takes several chunks, each chunk's loads are issued before
+    the previous chunk's product (two chunks in registers), so a tile waits on memory once, not
+    once per chunk; the sums are added in the same order either way."""
+    if K <= BK:
+        acc = tl.sum(w0.to(tl.float32) * xn0[None, :], axis=1)
+    else:
+        w = load_w(w_ptr, row0, row_end, K, BK, R, BK)
+        x = _load_xk(x_ptr, nw_ptr, rstd, BK, K, NORM, BK)
+        acc = tl.sum(w0.to(tl.float32) * xn0[None, :], axis=1)
+        for k0 in range(2 * BK, K, BK):
+            w_next = load_w(w_ptr, row0, row_end, K, k0, R, BK)
+            x_next = _load_xk(x_ptr, nw_ptr, rstd, k0, K, NORM, BK)
+            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+            w = w_next
+            x = x_next
         acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
     return acc
+
+
+@triton.jit
+def _load_xk(x_ptr, nw_ptr, rstd, k0, K: tl.constexpr, NORM: tl.constexpr, BK: tl.constexpr):
+    """Columns [k0, k0 + BK) of the input row for ``dot_rows`` (times rstd and the norm weight with
+    NORM), 0 past K."""
+    kk = tl.arange(0, BK)
+    x = tl.load(x_ptr + k0 + kk, mask=k0 + kk < K, other=0.0, cache_modifier=".cg")
+    if NORM:
+        x = x * rstd * tl.load(nw_ptr + k0 + kk, mask=k0 + kk < K, other=0.0).to(tl.float32)
+    return x
 
 
 STORE: tl.constexpr = tl.constexpr(0)      # out[b, rows] = acc
