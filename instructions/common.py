@@ -44,11 +44,18 @@ def wait_counter(cnt_ptr, target, SPIN: tl.constexpr):
 
 # Trace slots per instruction (``megakernel.kernel``, TRACE): the kernel stamps START and END
 # around the instruction (END after its release); the tiles stamp their phases in between.
-TRACE_SLOTS: tl.constexpr = tl.constexpr(6)
+TRACE_SLOTS: tl.constexpr = tl.constexpr(7)
 T_WAITED: tl.constexpr = tl.constexpr(2)     # the wait returned
 T_INPUT: tl.constexpr = tl.constexpr(3)      # the input (activations) arrived
 T_COMPUTED: tl.constexpr = tl.constexpr(4)   # the last tile's result computed, before its stores
 T_FIRST: tl.constexpr = tl.constexpr(5)      # the first tile's result computed (attention: ticket taken)
+T_SM: tl.constexpr = tl.constexpr(6)         # not a time: the SM the worker runs on (``sm_id``)
+
+
+@triton.jit
+def sm_id():
+    """The SM this program runs on (``%smid``; NVIDIA only, for the trace)."""
+    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit

@@ -288,15 +288,15 @@ class PersistentBackend:
         self._check_errors(now=True)
 
     def trace_events(self):
-        """(worker, tape position, instruction, start_ns, end_ns, phases) of the last step
+        """(worker, tape position, instruction, start_ns, end_ns, phases, sm) of the last step
         (trace=True); phases maps the tile's stamps (``TRACE_PHASES``) to global times in ns, 0
-        where the instruction kind stamps none."""
+        where the instruction kind stamps none; sm is the SM the worker ran on."""
         t = self.trace_buf.view(self.tape.num_workers, -1, TRACE_SLOTS).cpu()
         out = []
         for w, lst in enumerate(self.tape.workers):
             for i, ins in enumerate(lst):
                 phases = {name: int(t[w, i, slot]) for name, slot in TRACE_PHASES.items()}
-                out.append((w, i, ins, int(t[w, i, 0]), int(t[w, i, 1]), phases))
+                out.append((w, i, ins, int(t[w, i, 0]), int(t[w, i, 1]), phases, int(t[w, i, k_common.T_SM.value])))
         return out
 
 

@@ -246,8 +246,8 @@ def write_trace(backend, path):
     trace = [{"name": Op(ins.op).name, "ph": "X", "pid": 0, "tid": w, "ts": (s - t0) / 1e3,
               "dur": max(0.0, (e - s) / 1e3),
               "args": {"layer": ins.layer, "tiles": [ins.tile_start, ins.tile_end],
-                       **{k: round((v - s) / 1e3, 3) for k, v in ph.items() if v > 0}}}
-             for w, i, ins, s, e, ph in events if s > 0]
+                       "sm": sm, **{k: round((v - s) / 1e3, 3) for k, v in ph.items() if v > 0}}}
+             for w, i, ins, s, e, ph, sm in events if s > 0]
     with open(path, "w") as f:
         json.dump({"traceEvents": trace, "displayTimeUnit": "ns"}, f)
     log(f"trace: {len(trace)} instructions written to {path}")

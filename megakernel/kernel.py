@@ -27,7 +27,7 @@ import triton.language as tl
 
 from instructions.argmax import argmax_tile
 from instructions.attention import attn_tile
-from instructions.common import RELAXED, RELEASE, TRACE_SLOTS, wait_counter
+from instructions.common import RELAXED, RELEASE, T_SM, TRACE_SLOTS, sm_id, wait_counter
 from instructions.embed import embed_tile
 from instructions.matvec import gateup_tile, lmhead_tile, residual_tile
 from instructions.qkv import qkv_tile
@@ -112,6 +112,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
             tr = trace_ptr + (pid * max_len + i) * TRACE_SLOTS     # this instruction's trace slots
             if TRACE:
                 tl.store(tr, tl.extra.cuda.globaltimer())
+                tl.store(tr + T_SM, sm_id().to(tl.int64))
             seen = target
             if op == OP_QKV:
                 seen = qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, cnt, target,
