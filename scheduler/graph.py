@@ -82,19 +82,41 @@ def build_stages(plan: Plan) -> list[Stage]:
     return stages
 
 
+def _minmax_parts(sizes: list[int], workers: int) -> list[int]:
+    """Pieces per segment, ``workers`` in all (fewer where every piece is one tile), such that the
+    largest piece is as small as it can be: each next piece goes to the segment whose pieces are
+    largest."""
+    parts = [1] * len(sizes)
+    heap = [(-n, i) for i, n in enumerate(sizes)]
+    heapq.heapify(heap)
+    for _ in range(workers - len(sizes)):
+        largest, i = heapq.heappop(heap)
+        if -largest <= 1:
+            break
+        parts[i] += 1
+        heapq.heappush(heap, (-(-(-sizes[i] // parts[i])), i))
+    return parts
+
+
 def split_stage(stage: Stage, workers: int) -> list[tuple[int, int, Segment, tuple]]:
     """Cut a stage into (tile_start, tile_end, segment, waits_on) pieces of about
-    ntiles / workers tiles each, never crossing a segment boundary."""
+    ntiles / workers tiles each, never crossing a segment boundary, and no more pieces than
+    workers where the segments allow: rounding each segment's pieces up to ntiles / workers tiles
+    can make more (8b's QKV: 24 segments of kv groups' q, k and v rows, 272 pieces for 264
+    workers, so 8 workers ran two: 10 tiles where 6 was the most needed, bench/NOTES.md 48)."""
+    sizes = [seg.tile_end - seg.tile_start for seg in stage.segments]
     chunk = max(1, -(-stage.ntiles // workers))
+    parts = [-(-n // chunk) for n in sizes]
+    if sum(parts) > workers >= len(sizes):
+        parts = _minmax_parts(sizes, workers)
     pieces = []
     for i, seg in enumerate(stage.segments):
         dep = stage.waits_on[i] if len(stage.waits_on) == len(stage.segments) else stage.waits_on[0] \
             if stage.waits_on else None
-        n = seg.tile_end - seg.tile_start
-        parts = -(-n // chunk)
-        for k in range(parts):
-            a = seg.tile_start + k * n // parts
-            b = seg.tile_start + (k + 1) * n // parts
+        n = sizes[i]
+        for k in range(parts[i]):
+            a = seg.tile_start + k * n // parts[i]
+            b = seg.tile_start + (k + 1) * n // parts[i]
             pieces.append((a, b, seg, dep))
     return pieces
 

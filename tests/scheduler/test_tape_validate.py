@@ -372,3 +372,28 @@ def test_batch1_down_tiles_are_half_size(size, workers):
     assert b1.R_DOWN == max(1, b2.R_DOWN // 2)
     assert b1.R_DOWN * b1.BK_I <= 8192
     validate(build_tape(b1, workers))
+
+
+@pytest.mark.parametrize("size", list(PRESETS))
+@pytest.mark.parametrize("workers", [264, 132])
+def test_one_piece_per_worker_where_segments_allow(size, workers):
+    """A stage of no more segments than workers gives no worker two of its instructions, and its
+    largest piece is the smallest any cut along the segments allows (8b's QKV at 264 workers: 24
+    segments of 128 and 32 tiles, where rounding each segment up made 272 pieces and left 8
+    workers 10 tiles; bench/NOTES.md 48)."""
+    for batch in (1, 8):
+        plan = make_plan(PRESETS[size], batch, 392, workers)
+        tape = build_tape(plan, workers)
+        for stage in build_stages(plan)[:8]:
+            sizes = [s.tile_end - s.tile_start for s in stage.segments]
+            held = defaultdict(list)
+            for w, _, ins in tape.instructions():
+                if (ins.op, ins.layer) == (stage.op, stage.layer):
+                    held[w].append(ins.ntiles)
+            if len(sizes) <= workers:
+                assert max(len(v) for v in held.values()) == 1, (stage.op.name, stage.layer)
+            # no cut of these segments into at most `workers` pieces has a smaller largest piece
+            best = next(c for c in range(1, max(sizes) + 1) if sum(-(-n // c) for n in sizes) <= workers) \
+                if len(sizes) <= workers else None
+            if best is not None:
+                assert max(max(v) for v in held.values()) == best, (stage.op.name, best)
