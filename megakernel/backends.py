@@ -296,7 +296,8 @@ class PersistentBackend:
         for w, lst in enumerate(self.tape.workers):
             for i, ins in enumerate(lst):
                 phases = {name: int(t[w, i, slot]) for name, slot in TRACE_PHASES.items()}
-                out.append((w, i, ins, int(t[w, i, 0]), int(t[w, i, 1]), phases, int(t[w, i, k_common.T_SM.value])))
+                out.append((w, i, ins, int(t[w, i, 0]), int(t[w, i, 1]), phases,
+                            int(t[w, i, k_common.T_SM.value])))
         return out
 
 

@@ -94,7 +94,7 @@ def _minmax_parts(sizes: list[int], workers: int) -> list[int]:
         if -largest <= 1:
             break
         parts[i] += 1
-        heapq.heappush(heap, (-(-(-sizes[i] // parts[i])), i))
+        heapq.heappush(heap, (-sizes[i] // parts[i], i))     # minus the largest piece's tiles
     return parts
 
 
@@ -103,7 +103,8 @@ def split_stage(stage: Stage, workers: int) -> list[tuple[int, int, Segment, tup
     ntiles / workers tiles each, never crossing a segment boundary, and no more pieces than
     workers where the segments allow: rounding each segment's pieces up to ntiles / workers tiles
     can make more (8b's QKV: 24 segments of kv groups' q, k and v rows, 272 pieces for 264
-    workers, so 8 workers ran two: 10 tiles where 6 was the most needed, bench/NOTES.md 48)."""
+    workers, so 8 workers ran two: 10 tiles where a cut along the segments needs 7; bench/NOTES.md
+    48)."""
     sizes = [seg.tile_end - seg.tile_start for seg in stage.segments]
     chunk = max(1, -(-stage.ntiles // workers))
     parts = [-(-n // chunk) for n in sizes]
