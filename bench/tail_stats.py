@@ -44,6 +44,12 @@ def _spearman(a, b):
     return cov / var if var else 0.0
 
 
+def _mean(name):
+    """Columns printed as a mean: tile counts and the shares ending in ``-late``; the others (times,
+    ``rank-corr``, ``late-again``) as a median."""
+    return name.endswith("tiles") or name.endswith("-late")
+
+
 def tail_table(events, k=8, layers=range(2, 26)):
     by = defaultdict(dict)          # (op, layer) -> worker -> event
     for e in events:
@@ -60,7 +66,8 @@ def tail_table(events, k=8, layers=range(2, 26)):
         prev_order = None
         for layer in layers:
             evs = by.get((op, layer))
-            pe = ends.get(_prev(op, layer))
+            prev = _prev(op, layer)
+            pe = ends.get(prev)
             if not evs or pe is None:
                 continue
             # workers with input (an empty attention split has neither a wait nor a tail of its own)
@@ -75,7 +82,7 @@ def tail_table(events, k=8, layers=range(2, 26)):
                 prev_late = sorted(prev_order, key=lambda w: prev_order[w])[-k:]
                 rows["late-again"].append(len(set(late) & set(prev_late)) / k)
             prev_order = end
-            pevs = by.get(_prev(op, layer) if op != "QKV" else ("DOWN", layer - 1), {})
+            pevs = by.get(prev, {})
             pws = [w for w, e in pevs.items() if "input" in e["args"]]
             if pws:
                 pend = sorted(pws, key=lambda w: pevs[w]["ts"] + pevs[w]["dur"])[-k:]
@@ -101,8 +108,7 @@ def main():
     k = int(sys.argv[2]) if len(sys.argv) > 2 else 8
     table = tail_table(json.load(open(sys.argv[1]))["traceEvents"], k)
     for op in STAGES:
-        cols = " ".join(f"{name} {statistics.median(v):.2f}" if "tiles" not in name and "late" not in name[-4:]
-                        else f"{name} {statistics.mean(v):.2f}"
+        cols = " ".join(f"{name} {(statistics.mean if _mean(name) else statistics.median)(v):.2f}"
                         for name, v in table[op].items() if v)
         print(op, cols)
 
