@@ -133,20 +133,48 @@ def dot_rows(w_ptr, w0, xn0, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, rstd
     and of v, already loaded. Where K takes several chunks, each chunk's loads are issued before
     the previous chunk's product (two chunks in registers), so a tile waits on memory once, not
     once per chunk; the sums are added in the same order either way."""
+    return dot_rows2(w_ptr, w_ptr, w0, w0, xn0, row0, row_end, K, x_ptr, nw_ptr, rstd, NORM, R, BK, False)[0]
+
+
+@triton.jit
+def dot_rows2(a_ptr, b_ptr, a0, b0, xn0, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, rstd,
+              NORM: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, TWO: tl.constexpr):
+    """``dot_rows`` of the same rows of A and, with TWO, of B over one input v (gate and up): each
+    K-chunk's loads of both matrices and of v go out together, before the previous chunk's
+    products, so the second matrix's chunk is not a round trip of its own after the first's (a
+    tile of 32b's gate/up, K 5120, is two chunks). Returns (acc_a, acc_b); acc_b is acc_a without
+    TWO. Each sum is added in ``dot_rows``' order."""
     if K <= BK:
-        acc = tl.sum(w0.to(tl.float32) * xn0[None, :], axis=1)
+        acc_a = tl.sum(a0.to(tl.float32) * xn0[None, :], axis=1)
+        acc_b = acc_a
+        if TWO:
+            acc_b = tl.sum(b0.to(tl.float32) * xn0[None, :], axis=1)
     else:
-        w = load_w(w_ptr, row0, row_end, K, BK, R, BK)
+        a = load_w(a_ptr, row0, row_end, K, BK, R, BK)
+        b = a
+        if TWO:
+            b = load_w(b_ptr, row0, row_end, K, BK, R, BK)
         x = _load_xk(x_ptr, nw_ptr, rstd, BK, K, NORM, BK)
-        acc = tl.sum(w0.to(tl.float32) * xn0[None, :], axis=1)
+        acc_a = tl.sum(a0.to(tl.float32) * xn0[None, :], axis=1)
+        acc_b = acc_a
+        if TWO:
+            acc_b = tl.sum(b0.to(tl.float32) * xn0[None, :], axis=1)
         for k0 in range(2 * BK, K, BK):
-            w_next = load_w(w_ptr, row0, row_end, K, k0, R, BK)
+            a_next = load_w(a_ptr, row0, row_end, K, k0, R, BK)
+            b_next = a_next
+            if TWO:
+                b_next = load_w(b_ptr, row0, row_end, K, k0, R, BK)
             x_next = _load_xk(x_ptr, nw_ptr, rstd, k0, K, NORM, BK)
-            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-            w = w_next
+            acc_a += tl.sum(a.to(tl.float32) * x[None, :], axis=1)
+            if TWO:
+                acc_b += tl.sum(b.to(tl.float32) * x[None, :], axis=1)
+            a = a_next
+            b = b_next
             x = x_next
-        acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-    return acc
+        acc_a += tl.sum(a.to(tl.float32) * x[None, :], axis=1)
+        if TWO:
+            acc_b += tl.sum(b.to(tl.float32) * x[None, :], axis=1)
+    return acc_a, acc_b
 
 
 @triton.jit

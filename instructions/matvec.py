@@ -17,7 +17,7 @@ import triton.language as tl
 from scheduler.ops import Op
 
 from .common import (ARGMAX, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, batch_mask, batch_rows,
-                     dot_rows, gemv_tile, load_nw, load_w, load_xn, stamp, wait_counter)
+                     dot_rows2, gemv_tile, load_nw, load_w, load_xn, stamp, wait_counter)
 
 
 @triton.jit
@@ -68,8 +68,8 @@ def _gateup_rows(t, g0, u0, xn0, rstd, row_end, g_ptr, u_ptr, x_ptr, nw_ptr, nw0
     for b in range(B):
         if B > 1:
             xn0, rstd = load_xn(x_ptr + b * H, nw_ptr, nw0, eps, H, BK, True)
-        gate = dot_rows(g_ptr, g0, xn0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R, BK)
-        up = dot_rows(u_ptr, u0, xn0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R, BK)
+        gate, up = dot_rows2(g_ptr, u_ptr, g0, u0, xn0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R,
+                             BK, True)
         act = gate / (1.0 + tl.exp(-gate)) * up
         if TRACE:
             stamp(tr, T_COMPUTED, tl.sum(act, axis=0), TRACE)
