@@ -199,6 +199,7 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         nsplit = max(1, min(nsplit, next_pow2(_cdiv(max_seq_len, block_s))))
     r_gu = max(1, rows(I, H, workers) // 2)      # rows of gate and of up per tile
     r_down = rows(H, I, workers)
+    bk_i = _block_k(I, max_bk)
     if batch_size == 1:
         r_gu = _balanced(r_gu, I, workers)
         # Down tiles of half the register budget: each worker then has half the bytes in flight
@@ -206,15 +207,15 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         # to a 4096 chunk). H200, max_seq_len 392: 0.6b R_DOWN 4 -> 2 0.719 -> 0.710 ms, 8b
         # 4.70 -> 4.45-4.55 ms; the same for QKV measured 0.6b -1% but 8b +2% (bench/NOTES.md 32)
         r_down = max(1, r_down // 2)
-    bk_i = _block_k(I, max_bk)
-    if batch_size == 1 and I > 4 * bk_i and bk_i >= 32:
-        # Down rows of more than four chunks (14b, 32b): chunks of half the width and twice the
-        # rows, the same registers. Each tile reads its input chunk again from L2, as many float32
-        # bytes as it has bf16 weights at 2 rows, so this halves the input per weight byte.
-        # H200, max_seq_len 392: 14b 8.38 -> 8.10 ms, 32b 19.44-19.65 -> 18.43-18.48; not taken at
-        # 8b (4.21-4.35 against 4.31: the same) or 4b (2.61 -> 2.91: 3 tiles of 4 rows on its
-        # busiest worker where 5 of 2 gave 10, and 72 spills against 32) (bench/NOTES.md 50)
-        bk_i, r_down = bk_i // 2, r_down * 2
+        if I > 4 * bk_i and bk_i >= 32:
+            # Down rows of more than four chunks (14b, 32b): chunks of half the width and twice
+            # the rows, the same registers. Each tile reads its input chunk again from L2, as many
+            # float32 bytes as it has bf16 weights at 2 rows, so this halves the input per weight
+            # byte. H200, max_seq_len 392: 14b 8.38 -> 8.10 ms, 32b 19.44-19.65 -> 18.43-18.48;
+            # not taken at 8b (4.21-4.35 against 4.31: the same) or 4b (2.61 -> 2.91: 3 tiles of 4
+            # rows on its busiest worker where 5 of 2 gave 10, and 72 spills against 32)
+            # (bench/NOTES.md 50)
+            bk_i, r_down = bk_i // 2, r_down * 2
     plan = Plan(
         B=batch_size, H=H, D=D, HQ=cfg.num_attention_heads, HKV=cfg.num_key_value_heads, I=I,
         V=cfg.vocab_size, L=cfg.num_hidden_layers, S=max_seq_len,

@@ -396,8 +396,6 @@ def test_one_piece_per_worker_where_segments_allow(size, workers):
                     held[w].append(ins.ntiles)
             if len(sizes) <= workers:
                 assert max(len(v) for v in held.values()) == 1, (stage.op.name, stage.layer)
-            # no cut of these segments into at most `workers` pieces has a smaller largest piece
-            best = next(c for c in range(1, max(sizes) + 1) if sum(-(-n // c) for n in sizes) <= workers) \
-                if len(sizes) <= workers else None
-            if best is not None:
+                # no cut of these segments into at most `workers` pieces has a smaller largest piece
+                best = next(c for c in range(1, max(sizes) + 1) if sum(-(-n // c) for n in sizes) <= workers)
                 assert max(max(v) for v in held.values()) == best, (stage.op.name, best)
