@@ -1,5 +1,6 @@
 """The step's edges in a phase trace: EMBED, layer 0's stages, the LM head and ARGMAX, in us after
-the step's first instruction started (start, median wait return / input / math done, last end).
+the step's first instruction started (start, median wait return / input / math done, last end, and
+the 10th / 50th / 90th percentile of its instructions' ends).
 
     python3 bench/step_edges.py trace.json
 """
@@ -22,7 +23,10 @@ def main():
             v = [e["ts"] + e["args"][k] - t0 for e in es if k in e["args"]]
             if v:
                 row.append(f"{k} {statistics.median(v):.2f}")
-        row.append(f"end {max(e['ts'] + e['dur'] for e in es) - t0:.2f}")
+        ends = sorted(e["ts"] + e["dur"] - t0 for e in es)
+        row.append(f"end {ends[-1]:.2f}")
+        if len(ends) > 1:       # how its instructions' ends spread: the stage's tail
+            row.append("ends p10/p50/p90 " + "/".join(f"{ends[int(q * (len(ends) - 1))]:.2f}" for q in (.1, .5, .9)))
         print(" ".join(row))
 
 
