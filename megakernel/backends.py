@@ -32,6 +32,29 @@ from . import device as devices
 MAX_STEPS_PER_LAUNCH = 64
 
 
+# The residual stream x and the sync counters share one allocation laid out for the H100's L2,
+# whose two halves alternate in 4 KB chunks (bit 12 XOR bit 13 of the address:
+# bench/l2_partition.py). x starts at chunk 1, so where it is at most 8 KB (0.6b and 1.7b at batch
+# 1) it lies in one half, and the counters start at a chunk of the same half after it. With x
+# across both halves the 0.6b step was 1.7% slower (an allocator's 4 KB block does that about
+# half the time), with the counters in the other half 0.4%; 1.7b gained 0.5%, 8b (x 16 KB) was
+# the same anywhere (bench/NOTES.md 53).
+HOT_CHUNK, HOT_ALIGN = 4096, 65536
+
+
+def hot_buffers(x_shape, sync_words: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zeroed float32 x of ``x_shape`` and int32 counters of ``sync_words``, laid out as above."""
+    x_bytes = 4 * x_shape[0] * x_shape[1]
+    sync_at = 5 * HOT_CHUNK     # chunks 1, 5, 9, ... are one half
+    while sync_at < HOT_CHUNK + x_bytes:
+        sync_at += 4 * HOT_CHUNK
+    raw = torch.zeros(sync_at + 4 * sync_words + HOT_ALIGN, dtype=torch.uint8, device=device)
+    base = -raw.data_ptr() % HOT_ALIGN
+    x = raw[base + HOT_CHUNK: base + HOT_CHUNK + x_bytes].view(torch.float32).view(x_shape)
+    sync = raw[base + sync_at: base + sync_at + 4 * sync_words].view(torch.int32)
+    return x, sync
+
+
 class MegakernelError(RuntimeError):
     """A persistent kernel stopped on a wait that timed out; the message names the instruction."""
 
@@ -58,22 +81,24 @@ class StepState:
     eps: float
     rope_theta: float
     num_warps: int = 4
+    sync: torch.Tensor | None = None   # int32 counters of a persistent kernel's waits (``hot_buffers``)
 
     @staticmethod
-    def allocate(mk, plan: Plan, num_warps: int = 4) -> "StepState":
+    def allocate(mk, plan: Plan, num_warps: int = 4, sync_words: int = 0) -> "StepState":
         cfg, dev, p = mk.config, mk.weights.device, plan
+        x, sync = hot_buffers((p.B, p.H), sync_words, dev)
         f32 = dict(dtype=torch.float32, device=dev)
         D = cfg.head_dim
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
         return StepState(
             w=mk.weights, tokens=mk.tokens, lengths=mk.cache.lengths, k_cache=mk.cache.k, v_cache=mk.cache.v,
-            logits=mk.logits, x=torch.zeros(p.B, p.H, **f32), qkv=torch.zeros(p.B, p.QKV_ROWS, **f32),
+            logits=mk.logits, x=x, qkv=torch.zeros(p.B, p.QKV_ROWS, **f32),
             opart=torch.zeros(p.B * p.HQ * p.NSPLIT, D, **f32), ml=torch.zeros(p.B * p.HQ * p.NSPLIT, 2, **f32),
             tickets=torch.zeros(p.B * p.HKV, dtype=torch.int32, device=dev),
             attn=torch.zeros(p.B, p.HQ * D, **f32), act=torch.zeros(p.B, p.I, **f32),
             amax=torch.full((p.B,), k_common.KEY_EMPTY.value, dtype=torch.int64, device=dev),
             inv_freq=inv_freq.to(dev), hist=torch.zeros(MAX_STEPS_PER_LAUNCH, p.B, dtype=torch.int32, device=dev),
-            eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, num_warps=num_warps)
+            eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, num_warps=num_warps, sync=sync)
 
 
 def default_workers(device: torch.device) -> int:
@@ -150,7 +175,8 @@ class PersistentBackend:
         self.tape: Tape = build_tape(self.plan, workers, strategy=self.strategy, mode=self.mode)
         words, lengths = encode(self.tape)
         self.words, self.lengths = words.to(dev), lengths.to(dev)
-        self.counters = torch.zeros(self.tape.num_counters, dtype=torch.int32, device=dev)
+        self.st = StepState.allocate(mk, self.plan, self.num_warps, sync_words=self.tape.num_counters)
+        self.counters = self.st.sync
         # the counter the step boundary waits on (several steps per launch): ARGMAX's, raised
         # argmax_n times a step; none in superkernel mode, which runs one step per launch
         argmaxes = [ins for _, _, ins in self.tape.instructions() if ins.op == Op.ARGMAX and ins.signal_counter > 0]
@@ -158,7 +184,6 @@ class PersistentBackend:
         self.epoch = torch.zeros(workers, dtype=torch.int32, device=dev)
         self.trace_buf = torch.zeros(workers * words.shape[1] * TRACE_SLOTS if self.trace else 1, dtype=torch.int64,
                                      device=dev)
-        self.st = StepState.allocate(mk, self.plan, self.num_warps)
         # err[0]: a wait timed out; err[1 + 4w : 5 + 4w]: worker w's (position + 1, counter, target, seen)
         self.err = torch.zeros(1 + 4 * workers, dtype=torch.int32, device=dev)
         self._err_host = torch.zeros_like(self.err, device="cpu", pin_memory=dev.type == "cuda")

@@ -106,3 +106,21 @@ def test_step_boundary_wait_is_bounded(tiny_checkpoint):
     mk.backend.argmax_n = n
     mk.prefill([1, 2, 3])
     assert mk.steps(3).shape == (1, 3)
+
+
+@pytest.mark.parametrize("x_shape, words", [((1, 1024), 338), ((1, 2048), 500), ((2, 2560), 900), ((1, 1), 1)])
+def test_hot_buffers_layout(x_shape, words):
+    """x and the counters in one allocation: apart, x from a 4 KB chunk, and where x is at most
+    8 KB, x and the counters' first chunk in one half of the L2 (bit 12 XOR bit 13)."""
+    from megakernel.backends import HOT_CHUNK, hot_buffers
+    x, sync = hot_buffers(x_shape, words, "cpu")
+    assert x.shape == x_shape and x.dtype == torch.float32 and not x.any()
+    assert sync.shape == (words,) and sync.dtype == torch.int32 and not sync.any()
+    x0, x1 = x.data_ptr(), x.data_ptr() + 4 * x.numel()
+    s0 = sync.data_ptr()
+    assert x0 % HOT_CHUNK == 0 and s0 % HOT_CHUNK == 0 and s0 >= x1
+    half = lambda a: ((a >> 12) ^ (a >> 13)) & 1   # noqa: E731
+    if x1 - x0 <= 2 * HOT_CHUNK:
+        assert half(x0) == half(x1 - 1) == half(s0)
+    x.fill_(1.0)
+    assert not sync.any()      # writing x leaves the counters alone
