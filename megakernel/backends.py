@@ -10,6 +10,7 @@ All four run the same tile functions (``instructions/``) over the same scratch b
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -32,27 +33,26 @@ from . import device as devices
 MAX_STEPS_PER_LAUNCH = 64
 
 
-# The residual stream x and the sync counters share one allocation laid out for the H100's L2,
-# whose two halves alternate in 4 KB chunks (bit 12 XOR bit 13 of the address:
-# bench/l2_partition.py). x starts at chunk 1, so where it is at most 8 KB (0.6b and 1.7b at batch
-# 1) it lies in one half, and the counters start at a chunk of the same half after it. With x
-# across both halves the 0.6b step was 1.7% slower (an allocator's 4 KB block does that about
-# half the time), with the counters in the other half 0.4%; 1.7b gained 0.5%, 8b (x 16 KB) was
-# the same anywhere (bench/NOTES.md 53).
+# The buffers every worker polls or reads after a poll share one allocation laid out for the
+# H100's L2, whose two halves alternate in 4 KB chunks (bit 12 XOR bit 13 of the address:
+# bench/l2_partition.py): each starts at a chunk 1 (mod 4), so one of at most 8 KB lies in one half,
+# the same for all. 0.6b batch 1 (bench/NOTES.md 53): x across both halves cost the step 1.7% (an
+# allocator's 4 KB block does that about half the time), the counters in x's other half 0.4%,
+# attn (the O projection's input) outside their half 0.45%; 1.7b gained 0.5% from x in one half,
+# 8b (x 16 KB) was the same anywhere.
 HOT_CHUNK, HOT_ALIGN = 4096, 65536
 
 
-def hot_buffers(x_shape, sync_words: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zeroed float32 x of ``x_shape`` and int32 counters of ``sync_words``, laid out as above."""
-    x_bytes = 4 * x_shape[0] * x_shape[1]
-    sync_at = 5 * HOT_CHUNK     # chunks 1, 5, 9, ... are one half
-    while sync_at < HOT_CHUNK + x_bytes:
-        sync_at += 4 * HOT_CHUNK
-    raw = torch.zeros(sync_at + 4 * sync_words + HOT_ALIGN, dtype=torch.uint8, device=device)
+def hot_buffers(shapes, dtypes, device) -> list[torch.Tensor]:
+    """Zeroed tensors of ``shapes`` and ``dtypes`` in one allocation, laid out as above."""
+    sizes = [math.prod(sh) * torch.empty(0, dtype=dt).element_size() for sh, dt in zip(shapes, dtypes)]
+    starts, at = [], HOT_CHUNK
+    for n in sizes:
+        starts.append(at)
+        at += -(-max(n, 1) // (4 * HOT_CHUNK)) * 4 * HOT_CHUNK     # the next chunk 1 (mod 4) past it
+    raw = torch.zeros(at + HOT_ALIGN, dtype=torch.uint8, device=device)
     base = -raw.data_ptr() % HOT_ALIGN
-    x = raw[base + HOT_CHUNK: base + HOT_CHUNK + x_bytes].view(torch.float32).view(x_shape)
-    sync = raw[base + sync_at: base + sync_at + 4 * sync_words].view(torch.int32)
-    return x, sync
+    return [raw[base + a: base + a + n].view(dt).view(sh) for a, n, sh, dt in zip(starts, sizes, shapes, dtypes)]
 
 
 class MegakernelError(RuntimeError):
@@ -86,7 +86,8 @@ class StepState:
     @staticmethod
     def allocate(mk, plan: Plan, num_warps: int = 4, sync_words: int = 0) -> "StepState":
         cfg, dev, p = mk.config, mk.weights.device, plan
-        x, sync = hot_buffers((p.B, p.H), sync_words, dev)
+        x, attn, sync = hot_buffers([(p.B, p.H), (p.B, p.HQ * cfg.head_dim), (sync_words,)],
+                                    [torch.float32, torch.float32, torch.int32], dev)
         f32 = dict(dtype=torch.float32, device=dev)
         D = cfg.head_dim
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
@@ -95,7 +96,7 @@ class StepState:
             logits=mk.logits, x=x, qkv=torch.zeros(p.B, p.QKV_ROWS, **f32),
             opart=torch.zeros(p.B * p.HQ * p.NSPLIT, D, **f32), ml=torch.zeros(p.B * p.HQ * p.NSPLIT, 2, **f32),
             tickets=torch.zeros(p.B * p.HKV, dtype=torch.int32, device=dev),
-            attn=torch.zeros(p.B, p.HQ * D, **f32), act=torch.zeros(p.B, p.I, **f32),
+            attn=attn, act=torch.zeros(p.B, p.I, **f32),
             amax=torch.full((p.B,), k_common.KEY_EMPTY.value, dtype=torch.int64, device=dev),
             inv_freq=inv_freq.to(dev), hist=torch.zeros(MAX_STEPS_PER_LAUNCH, p.B, dtype=torch.int32, device=dev),
             eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, num_warps=num_warps, sync=sync)

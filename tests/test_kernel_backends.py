@@ -110,17 +110,23 @@ def test_step_boundary_wait_is_bounded(tiny_checkpoint):
 
 @pytest.mark.parametrize("x_shape, words", [((1, 1024), 338), ((1, 2048), 500), ((2, 2560), 900), ((1, 1), 1)])
 def test_hot_buffers_layout(x_shape, words):
-    """x and the counters in one allocation: apart, x from a 4 KB chunk, and where x is at most
-    8 KB, x and the counters' first chunk in one half of the L2 (bit 12 XOR bit 13)."""
+    """The step's hot buffers in one allocation: apart, each from a chunk 1 (mod 4) of 4 KB, so
+    that each of at most 8 KB lies in one half of the L2 (bit 12 XOR bit 13), the same for all."""
     from megakernel.backends import HOT_CHUNK, hot_buffers
-    x, sync = hot_buffers(x_shape, words, "cpu")
-    assert x.shape == x_shape and x.dtype == torch.float32 and not x.any()
-    assert sync.shape == (words,) and sync.dtype == torch.int32 and not sync.any()
-    x0, x1 = x.data_ptr(), x.data_ptr() + 4 * x.numel()
-    s0 = sync.data_ptr()
-    assert x0 % HOT_CHUNK == 0 and s0 % HOT_CHUNK == 0 and s0 >= x1
+    attn_shape = (x_shape[0], 2048)
+    x, attn, sync = hot_buffers([x_shape, attn_shape, (words,)], [torch.float32, torch.float32, torch.int32], "cpu")
+    assert (x.shape, attn.shape, sync.shape) == (x_shape, attn_shape, (words,))
+    assert (x.dtype, attn.dtype, sync.dtype) == (torch.float32, torch.float32, torch.int32)
     half = lambda a: ((a >> 12) ^ (a >> 13)) & 1   # noqa: E731
-    if x1 - x0 <= 2 * HOT_CHUNK:
-        assert half(x0) == half(x1 - 1) == half(s0)
+    spans = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in (x, attn, sync)]
+    for (a0, a1), (b0, _) in zip(spans, spans[1:]):
+        assert a0 % HOT_CHUNK == 0 and b0 >= a1
+    for a0, a1 in spans:
+        assert half(a0) == half(spans[0][0])
+        if a1 - a0 <= 2 * HOT_CHUNK:
+            assert half(a1 - 1) == half(a0)
+    for t in (x, attn, sync):
+        assert not t.any()
     x.fill_(1.0)
-    assert not sync.any()      # writing x leaves the counters alone
+    attn.fill_(2.0)
+    assert not sync.any() and (attn == 2.0).all()      # writing one leaves the others alone
