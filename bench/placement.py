@@ -5,7 +5,9 @@ the attention tickets, the activations) is moved in turn into a fresh allocation
 and batch-1 decode is timed there (launches of 64 steps after a fresh prefill). Everything
 else stays put, so any difference is the buffer's address, not the code.
 
-    python3 bench/placement.py [--offsets 0,128,512,2048,8192,65536] [--buffers counters,x,...]
+    python3 bench/placement.py [--model 0.6b] [--offsets 0,128,512,2048,8192,65536] [--buffers counters,x,...]
+    python3 bench/placement.py --arena --step 512 --offsets 32768 --buffers x     (a sweep in the arena)
+    python3 bench/placement.py --layouts "orig;x@0x1000,counters@0x5000"          (whole layouts, interleaved)
 """
 import argparse
 import os
@@ -64,7 +66,7 @@ def timed() -> float:
 ARENA = 4 << 20
 args.arena = args.arena or bool(args.layouts)
 arena = torch.zeros(2 * ARENA, dtype=torch.uint8, device="cuda") if args.arena else None
-base = (-arena.data_ptr()) % ARENA if args.arena else 0      # 2 MB-aligned start within the arena
+base = (-arena.data_ptr()) % ARENA if args.arena else 0      # a 4 MB-aligned start within the arena
 
 
 def place(name, off):
