@@ -151,13 +151,13 @@ def _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_p
     sin = tl.sin(ang)
     base = qkv_ptr + b * N
     qoff = (g * G + hg)[:, None] * D
-    q = tl.load(base + qoff + dd[None, :], mask=gmask, other=0.0, cache_modifier=".cg")
-    qp = tl.load(base + qoff + pd[None, :], mask=gmask, other=0.0, cache_modifier=".cg")
+    q = tl.load(base + qoff + dd[None, :], mask=gmask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    qp = tl.load(base + qoff + pd[None, :], mask=gmask, other=0.0, cache_modifier=".cg").to(tl.float32)
     # the new key and value: loaded with q so that all of this tile's reads are in flight at once
     kb = base + HQ * D + g * D
-    k = tl.load(kb + dd, mask=dmask, other=0.0, cache_modifier=".cg")
-    kp = tl.load(kb + pd, mask=dmask, other=0.0, cache_modifier=".cg")
-    v = tl.load(base + (HQ + HKV) * D + g * D + dd, mask=dmask, other=0.0, cache_modifier=".cg")
+    k = tl.load(kb + dd, mask=dmask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    kp = tl.load(kb + pd, mask=dmask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    v = tl.load(base + (HQ + HKV) * D + g * D + dd, mask=dmask, other=0.0, cache_modifier=".cg").to(tl.float32)
     qr = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / D + eps)
     stamp(tr, T_INPUT, tl.sum(qr, axis=0), TRACE)
     q = (q * qr[:, None] * qn[None, :]) * cos[None, :] + \
@@ -281,7 +281,7 @@ def attention_ref(st, p, layer, t0, t1):
         s, g, b = t % p.NSPLIT, (t // p.NSPLIT) % p.HKV, t // (p.NSPLIT * p.HKV)
         pos = int(st.lengths[b])
         cos, sin = rope_cos_sin(torch.tensor([pos]), D, st.rope_theta, torch.float32)
-        row = st.qkv[b]
+        row = st.qkv[b].float()
         q = row[g * G * D:(g + 1) * G * D].view(G, D)
         k = row[p.HQ * D + g * D:p.HQ * D + (g + 1) * D].view(1, D)
         v = row[(p.HQ + p.HKV) * D + g * D:(p.HQ + p.HKV) * D + (g + 1) * D]

@@ -114,7 +114,7 @@ def load_xn(x_ptr, nw_ptr, nw0, eps, K: tl.constexpr, BK: tl.constexpr, NORM: tl
     one chunk the same load serves the statistics and the product. ``nw0`` is ``load_nw``'s chunk
     of the norm weight."""
     kk = tl.arange(0, BK)
-    x = tl.load(x_ptr + kk, mask=kk < K, other=0.0, cache_modifier=".cg")
+    x = tl.load(x_ptr + kk, mask=kk < K, other=0.0, cache_modifier=".cg").to(tl.float32)
     rstd = 1.0
     if NORM:
         if K <= BK:
@@ -182,7 +182,7 @@ def _load_xk(x_ptr, nw_ptr, rstd, k0, K: tl.constexpr, NORM: tl.constexpr, BK: t
     """Columns [k0, k0 + BK) of the input row for ``dot_rows`` (times rstd and the norm weight with
     NORM), 0 past K."""
     kk = tl.arange(0, BK)
-    x = tl.load(x_ptr + k0 + kk, mask=k0 + kk < K, other=0.0, cache_modifier=".cg")
+    x = tl.load(x_ptr + k0 + kk, mask=k0 + kk < K, other=0.0, cache_modifier=".cg").to(tl.float32)
     if NORM:
         x = x * rstd * tl.load(nw_ptr + k0 + kk, mask=k0 + kk < K, other=0.0).to(tl.float32)
     return x
@@ -270,6 +270,11 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, tar
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
+    else:
+        # per-op: without the wait's CTA barrier ptxas sinks the weight loads to their uses, one
+        # round trip each (bf16 inputs need no layout change through shared memory, whose barrier
+        # used to keep them together: cuda-graph's O and down kernels 217 -> 259 us a step, s18r7)
+        tl.debug_barrier()
     stamp(tr, T_WAITED, seen, TRACE)
     xn0, rstd = load_xn(in_ptr, nw_ptr, nw0, eps, K, BK, NORM)
     stamp(tr, T_INPUT, tl.sum(xn0, axis=0), TRACE)
@@ -323,7 +328,7 @@ def load_xbs(x_ptr, nw_ptr, K: tl.constexpr, k0, NORM: tl.constexpr, B: tl.const
     when NORM, as [S, B_PAD, KS]; their sums of squares over KS, before the norm weight, [S, B_PAD])."""
     b = tl.arange(0, B_PAD)[None, :, None]
     k = k0 + tl.arange(0, S)[:, None, None] * KS + tl.arange(0, KS)[None, None, :]
-    x = tl.load(x_ptr + b * K + k, mask=(b < B) & (k < K), other=0.0, cache_modifier=".cg")
+    x = tl.load(x_ptr + b * K + k, mask=(b < B) & (k < K), other=0.0, cache_modifier=".cg").to(tl.float32)
     ss = tl.sum(x * x, axis=2)
     if NORM:
         x = x * tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
@@ -346,7 +351,7 @@ def load_xb3(x_ptr, nw_ptr, K: tl.constexpr, k0, NORM: tl.constexpr, B: tl.const
     """``load_xb`` as [B_PAD, J, T] (column k0 + j*T + t), with the sums of squares over J."""
     b = tl.arange(0, B_PAD)[:, None, None]
     k = k0 + tl.arange(0, J)[None, :, None] * T + tl.arange(0, T)[None, None, :]
-    x = tl.load(x_ptr + b * K + k, mask=(b < B) & (k < K), other=0.0, cache_modifier=".cg")
+    x = tl.load(x_ptr + b * K + k, mask=(b < B) & (k < K), other=0.0, cache_modifier=".cg").to(tl.float32)
     ss = tl.sum(x * x, axis=1)          # [B_PAD, T]: the sum over T is left to the end of the tile
     if NORM:
         x = x * tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)

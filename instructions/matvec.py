@@ -162,7 +162,7 @@ def _rows(t0, t1, R, N):
 
 def oproj_ref(st, p, layer, t0, t1):
     r = _rows(t0, t1, p.R_O, p.H)
-    st.x[:, r] += st.attn @ st.w.wo[layer, r].float().T
+    st.x[:, r] += st.attn.float() @ st.w.wo[layer, r].float().T
 
 
 def gateup_ref(st, p, layer, t0, t1):
@@ -178,7 +178,7 @@ def gateup_ref(st, p, layer, t0, t1):
 
 def down_ref(st, p, layer, t0, t1):
     r = _rows(t0, t1, p.R_DOWN, p.H)
-    st.x[:, r] += st.act @ st.w.wdown[layer, r].float().T
+    st.x[:, r] += st.act.float() @ st.w.wdown[layer, r].float().T
 
 
 def lmhead_ref(st, p, layer, t0, t1):

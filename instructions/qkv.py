@@ -2,8 +2,8 @@
 with the input RMSNorm recomputed inside each tile (the vector is only hidden_size long, so every
 tile recomputing it costs an L2 read instead of a dependent step).
 
-Qwen3-0.6B: x [1, 1024] fp32, Wqkv [28, 4096, 1024] bf16 -> qkv [1, 4096] fp32 (raw projections;
-q/k norm and RoPE happen in ATTN). Reads R*H*2 bytes of weights per tile. Matches
+Qwen3-0.6B: x [1, 1024] fp32, Wqkv [28, 4096, 1024] bf16 -> qkv [1, 4096] bf16 (raw projections,
+summed in fp32; q/k norm and RoPE happen in ATTN). Reads R*H*2 bytes of weights per tile. Matches
 ``Qwen3Attention.{q,k,v}_proj`` after ``input_layernorm``.
 """
 

@@ -8,7 +8,7 @@ Not an instruction of its own: each ATTN tile takes a ticket on its (sequence, k
 storing its partial, and the tile that takes the last ticket of the step runs ``reduce_group``.
 That removes a dependent step per layer without redundant work.
 Tickets only grow, so "last" is ``ticket % NSPLIT == NSPLIT - 1`` and no reset is needed.
-Qwen3-0.6B: 2 heads x NSPLIT partials of 128 fp32 -> attn [1, 2048] fp32; reads
+Qwen3-0.6B: 2 heads x NSPLIT partials of 128 fp32 -> attn [1, 2048] bf16; reads
 NSPLIT*G*(D+2)*4 bytes of L2-resident scratch.
 """
 

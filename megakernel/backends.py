@@ -40,6 +40,7 @@ MAX_STEPS_PER_LAUNCH = 64
 # allocator's 4 KB block does that about half the time), the counters in x's other half 0.4%,
 # attn (the O projection's input) outside their half 0.45%; 1.7b gained 0.5% from x in one half,
 # 8b (x 16 KB) was the same anywhere; the H200's 0.6b step 0.4% faster than before the layout.
+# act and qkv (bf16: 6 and 8 KB at 0.6b) follow them.
 HOT_CHUNK, HOT_ALIGN = 4096, 65536
 
 
@@ -69,12 +70,12 @@ class StepState:
     v_cache: torch.Tensor
     logits: torch.Tensor      # [B, V] fp32
     x: torch.Tensor           # [B, H] fp32 residual stream
-    qkv: torch.Tensor         # [B, (Hq + 2 Hkv) D] fp32
+    qkv: torch.Tensor         # [B, (Hq + 2 Hkv) D] in the weights' dtype (qkv, attn, act: see ``allocate``)
     opart: torch.Tensor       # [B Hq NSPLIT, D] fp32
     ml: torch.Tensor          # [B Hq NSPLIT, 2] fp32
     tickets: torch.Tensor     # [B Hkv] int32: attention splits finished (only grows)
-    attn: torch.Tensor        # [B, Hq D] fp32
-    act: torch.Tensor         # [B, I] fp32
+    attn: torch.Tensor        # [B, Hq D]
+    act: torch.Tensor         # [B, I]
     amax: torch.Tensor        # [B] int64: the LM head's packed argmax (common.argmax_key), KEY_EMPTY between steps
     inv_freq: torch.Tensor    # [D / 2] fp32, exactly as HF computes it
     hist: torch.Tensor        # [MAX_STEPS_PER_LAUNCH, B] int32: each step's token in a launch of several
@@ -86,17 +87,21 @@ class StepState:
     @staticmethod
     def allocate(mk, plan: Plan, num_warps: int = 4, sync_words: int = 0) -> "StepState":
         cfg, dev, p = mk.config, mk.weights.device, plan
-        x, attn, sync = hot_buffers([(p.B, p.H), (p.B, p.HQ * cfg.head_dim), (sync_words,)],
-                                    [torch.float32, torch.float32, torch.int32], dev)
         f32 = dict(dtype=torch.float32, device=dev)
+        # qkv, attn and act are kept in the weights' dtype, as transformers keeps them (bf16 on the GPU:
+        # half the bytes every consumer tile reads, bench/NOTES.md 54); x and all arithmetic stay float32
+        adt = mk.weights.dtype
+        x, attn, sync, act, qkv = hot_buffers(
+            [(p.B, p.H), (p.B, p.HQ * cfg.head_dim), (sync_words,), (p.B, p.I), (p.B, p.QKV_ROWS)],
+            [torch.float32, adt, torch.int32, adt, adt], dev)
         D = cfg.head_dim
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
         return StepState(
             w=mk.weights, tokens=mk.tokens, lengths=mk.cache.lengths, k_cache=mk.cache.k, v_cache=mk.cache.v,
-            logits=mk.logits, x=x, qkv=torch.zeros(p.B, p.QKV_ROWS, **f32),
+            logits=mk.logits, x=x, qkv=qkv,
             opart=torch.zeros(p.B * p.HQ * p.NSPLIT, D, **f32), ml=torch.zeros(p.B * p.HQ * p.NSPLIT, 2, **f32),
             tickets=torch.zeros(p.B * p.HKV, dtype=torch.int32, device=dev),
-            attn=attn, act=torch.zeros(p.B, p.I, **f32),
+            attn=attn, act=act,
             amax=torch.full((p.B,), k_common.KEY_EMPTY.value, dtype=torch.int64, device=dev),
             inv_freq=inv_freq.to(dev), hist=torch.zeros(MAX_STEPS_PER_LAUNCH, p.B, dtype=torch.int32, device=dev),
             eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, num_warps=num_warps, sync=sync)

@@ -45,13 +45,17 @@ def test_megakernel_equals_per_op(size):
     torch.cuda.empty_cache()
 
 
-# Logits of one sequence in a batch-8 run and alone may differ by about 1e-2 (bench/NOTES.md 24):
-# batch 8 runs the batched float32 tiles, batch 1 the per-sequence ones, whose sums differ in
-# order by float32 rounding, and a k or v element that lands the other side of a bf16 rounding
-# boundary in the cache carries a bf16 ulp (2^-8 relative) into every later step. Greedy tokens
-# therefore agree until the first step whose two best logits are closer than that.
-LOGIT_TOL = 0.05     # max |logit difference| while the tokens agree (measured: up to 0.014)
-TIE_GAP = 0.02       # tokens may part only where the alone run's top two logits are this close
+# Logits of one sequence in a batch-8 run and alone differ (bench/NOTES.md 24, 54): batch 8 runs the
+# batched float32 tiles, batch 1 the per-sequence ones, whose sums differ in order by float32
+# rounding, and an element of qkv, attn, act (bf16, as transformers keeps them) or of the KV cache
+# that lands the other side of a bf16 rounding boundary carries a bf16 ulp (2^-8 relative) into
+# what follows. Greedy tokens therefore agree until the first step whose two best logits are
+# closer than that. Measured over 64 sequences (bench/batch_vs_alone.py, s18r5): max |logit
+# difference| median 0.057, largest 0.071; tokens parted in 0-4 of 8 sequences a run, where the
+# top two logits were at most 0.042 apart. (With float32 activations: 0.013, 0.018, 0-1, 0.004.)
+LOGIT_TOL = 0.15     # max |logit difference| while the tokens agree
+TIE_GAP = 0.1        # tokens may part only where the alone run's top two logits are this close
+MAX_PARTED = 6       # of 8 sequences in 64 steps
 
 
 def test_batch8_equals_eight_batch1_runs():
@@ -87,7 +91,7 @@ def test_batch8_equals_eight_batch1_runs():
                 parted += 1
                 break
         del alone
-    assert parted <= 4, f"{parted} of 8 sequences met a near-tie in {steps} steps"
+    assert parted <= MAX_PARTED, f"{parted} of 8 sequences met a near-tie in {steps} steps"
 
 
 def test_32k_context_tokens_and_time():

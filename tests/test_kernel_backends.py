@@ -130,3 +130,24 @@ def test_hot_buffers_layout(x_shape, words):
     x.fill_(1.0)
     attn.fill_(2.0)
     assert not sync.any() and (attn == 2.0).all()      # writing one leaves the others alone
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_step_state_dtypes_and_layout(tiny_checkpoint, dtype):
+    """qkv, attn and act are stored in the weights' dtype (bf16 on a GPU, as transformers keeps
+    them: half the bytes their readers load), x and the attention partials in float32; x, attn,
+    the counters, act and qkv share the hot allocation, each from a chunk 1 (mod 4) of 4 KB."""
+    from megakernel.backends import HOT_CHUNK, StepState, tile_plan
+    tiny = tiny_checkpoint(hidden=256, intermediate=768, heads=8, kv_heads=2, head_dim=32)
+    model = load_model(str(tiny.folder), device="cpu", dtype=dtype, progress=False)
+    mk = MegaQwen3(model, max_seq_len=32, backend="reference")
+    st = StepState.allocate(mk, tile_plan(mk, 4), sync_words=100)
+    assert st.x.dtype == st.opart.dtype == st.ml.dtype == st.logits.dtype == torch.float32
+    assert st.qkv.dtype == st.attn.dtype == st.act.dtype == dtype
+    hot = [st.x, st.attn, st.sync, st.act, st.qkv]
+    half = lambda a: ((a >> 12) ^ (a >> 13)) & 1   # noqa: E731
+    for t in hot:
+        a0, a1 = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size() - 1
+        assert a0 % (4 * HOT_CHUNK) == HOT_CHUNK
+        assert half(a0) == half(st.x.data_ptr()) and (a1 - a0 >= 2 * HOT_CHUNK or half(a1) == half(a0))
+        assert not t.any()
