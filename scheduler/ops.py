@@ -202,11 +202,15 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
     bk_i = _block_k(I, max_bk)
     if batch_size == 1:
         r_gu = _balanced(r_gu, I, workers)
-        # Down tiles of half the register budget: each worker then has half the bytes in flight
-        # when it polls and fewer spills (its K, the intermediate, is a long row: 0.6b pads 3072
-        # to a 4096 chunk). H200, max_seq_len 392: 0.6b R_DOWN 4 -> 2 0.719 -> 0.710 ms, 8b
-        # 4.70 -> 4.45-4.55 ms; the same for QKV measured 0.6b -1% but 8b +2% (bench/NOTES.md 32)
-        r_down = max(1, r_down // 2)
+        # Down tiles of half the register budget where a row takes more than two chunks: each
+        # worker then has half the bytes in flight when it polls and fewer spills. H200,
+        # max_seq_len 392, float32 act: 0.6b R_DOWN 4 -> 2 0.719 -> 0.710 ms, 8b 4.70 -> 4.45-4.55
+        # (bench/NOTES.md 32; the same for QKV: 0.6b -1%, 8b +2%). With act in bf16 (NOTES 54) the
+        # whole budget pays where the row is one or two chunks: H100, R_DOWN 2 -> 4, 0.6b
+        # 0.741-0.745 -> 0.735-0.737 ms, 1.7b 1.477 -> 1.459, while 8b (three chunks) still loses,
+        # 5.40 -> 5.48 (NOTES 55)
+        if I > 2 * bk_i:
+            r_down = max(1, r_down // 2)
         if I > 4 * bk_i and bk_i >= 32:
             # Down rows of more than four chunks (14b, 32b): chunks of half the width and twice
             # the rows, the same registers. Each tile reads its input chunk again from L2, as many

@@ -363,18 +363,22 @@ def test_balanced_gateup_plan():
     assert make_plan(PRESETS["0.6b"], 4, 392, 264).R_GU == 8      # batched plans keep their rule
 
 
-@pytest.mark.parametrize("size", ["0.6b", "8b", "14b", "32b"])
+@pytest.mark.parametrize("size", ["0.6b", "1.7b", "4b", "8b", "14b", "32b"])
 @pytest.mark.parametrize("workers", [264, 132, 8])
-def test_batch1_down_tiles_are_half_size(size, workers):
-    """At batch 1 a down chunk holds half the weights the register budget allows (half the bytes in
-    flight at its wait; bench/NOTES.md 32); batches keep the full tile. Where the down rows are
-    longer than four chunks (14b, 32b) that half is cut half as wide and twice as tall (NOTES 50)."""
+def test_batch1_down_tiles(size, workers):
+    """At batch 1 a down chunk holds half the weights the register budget allows where a down row
+    takes more than two chunks (half the bytes in flight at its wait; bench/NOTES.md 32, 55), the
+    whole budget where it takes one or two (0.6b, 1.7b); batches keep the full tile. Where the
+    down rows are longer than four chunks (14b, 32b) that half is cut half as wide and twice as
+    tall (NOTES 50)."""
     b1, b2 = make_plan(PRESETS[size], 1, 392, workers), make_plan(PRESETS[size], 2, 392, workers)
     long_rows = PRESETS[size].intermediate_size > 4 * b2.BK_I
     assert long_rows == (size in ("14b", "32b"))
+    halved = PRESETS[size].intermediate_size > 2 * b2.BK_I
+    assert halved == (size not in ("0.6b", "1.7b"))
     assert b1.BK_I == (b2.BK_I // 2 if long_rows else b2.BK_I)
-    assert b1.R_DOWN * b1.BK_I == max(1, b2.R_DOWN // 2) * b2.BK_I
-    assert b1.R_DOWN * b1.BK_I <= 8192
+    assert b1.R_DOWN * b1.BK_I == (max(1, b2.R_DOWN // 2) if halved else b2.R_DOWN) * b2.BK_I
+    assert b1.R_DOWN * b1.BK_I <= 16384
     validate(build_tape(b1, workers))
 
 
