@@ -108,25 +108,33 @@ def test_step_boundary_wait_is_bounded(tiny_checkpoint):
     assert mk.steps(3).shape == (1, 3)
 
 
+def _assert_hot_layout(tensors):
+    """Zeroed, in order and apart, each from a chunk 1 (mod 4) of 4 KB, and each of at most 8 KB in
+    the first one's half of the L2 (bit 12 XOR bit 13 of the address)."""
+    from megakernel.backends import HOT_CHUNK
+    half = lambda a: ((a >> 12) ^ (a >> 13)) & 1   # noqa: E731
+    spans = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors]
+    for (_, a1), (b0, _) in zip(spans, spans[1:]):
+        assert b0 >= a1
+    for a0, a1 in spans:
+        assert a0 % (4 * HOT_CHUNK) == HOT_CHUNK
+        assert half(a0) == half(spans[0][0])
+        if a1 - a0 <= 2 * HOT_CHUNK:
+            assert half(a1 - 1) == half(a0)
+    for t in tensors:
+        assert not t.any()
+
+
 @pytest.mark.parametrize("x_shape, words", [((1, 1024), 338), ((1, 2048), 500), ((2, 2560), 900), ((1, 1), 1)])
 def test_hot_buffers_layout(x_shape, words):
     """The step's hot buffers in one allocation: apart, each from a chunk 1 (mod 4) of 4 KB, so
     that each of at most 8 KB lies in one half of the L2 (bit 12 XOR bit 13), the same for all."""
-    from megakernel.backends import HOT_CHUNK, hot_buffers
+    from megakernel.backends import hot_buffers
     attn_shape = (x_shape[0], 2048)
     x, attn, sync = hot_buffers([x_shape, attn_shape, (words,)], [torch.float32, torch.float32, torch.int32], "cpu")
     assert (x.shape, attn.shape, sync.shape) == (x_shape, attn_shape, (words,))
     assert (x.dtype, attn.dtype, sync.dtype) == (torch.float32, torch.float32, torch.int32)
-    half = lambda a: ((a >> 12) ^ (a >> 13)) & 1   # noqa: E731
-    spans = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in (x, attn, sync)]
-    for (a0, a1), (b0, _) in zip(spans, spans[1:]):
-        assert a0 % HOT_CHUNK == 0 and b0 >= a1
-    for a0, a1 in spans:
-        assert half(a0) == half(spans[0][0])
-        if a1 - a0 <= 2 * HOT_CHUNK:
-            assert half(a1 - 1) == half(a0)
-    for t in (x, attn, sync):
-        assert not t.any()
+    _assert_hot_layout([x, attn, sync])
     x.fill_(1.0)
     attn.fill_(2.0)
     assert not sync.any() and (attn == 2.0).all()      # writing one leaves the others alone
@@ -137,17 +145,11 @@ def test_step_state_dtypes_and_layout(tiny_checkpoint, dtype):
     """qkv, attn and act are stored in the weights' dtype (bf16 on a GPU, as transformers keeps
     them: half the bytes their readers load), x and the attention partials in float32; x, attn,
     the counters, act and qkv share the hot allocation, each from a chunk 1 (mod 4) of 4 KB."""
-    from megakernel.backends import HOT_CHUNK, StepState, tile_plan
+    from megakernel.backends import StepState, tile_plan
     tiny = tiny_checkpoint(hidden=256, intermediate=768, heads=8, kv_heads=2, head_dim=32)
     model = load_model(str(tiny.folder), device="cpu", dtype=dtype, progress=False)
     mk = MegaQwen3(model, max_seq_len=32, backend="reference")
     st = StepState.allocate(mk, tile_plan(mk, 4), sync_words=100)
     assert st.x.dtype == st.opart.dtype == st.ml.dtype == st.logits.dtype == torch.float32
     assert st.qkv.dtype == st.attn.dtype == st.act.dtype == dtype
-    hot = [st.x, st.attn, st.sync, st.act, st.qkv]
-    half = lambda a: ((a >> 12) ^ (a >> 13)) & 1   # noqa: E731
-    for t in hot:
-        a0, a1 = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size() - 1
-        assert a0 % (4 * HOT_CHUNK) == HOT_CHUNK
-        assert half(a0) == half(st.x.data_ptr()) and (a1 - a0 >= 2 * HOT_CHUNK or half(a1) == half(a0))
-        assert not t.any()
+    _assert_hot_layout([st.x, st.attn, st.sync, st.act, st.qkv])
