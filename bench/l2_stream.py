@@ -6,8 +6,8 @@ HBM; half of each SM's chunks live in the far half. This probe measures the read
 every program reads only chunks of its SM's near half, only of its far half, or contiguous bytes
 (both halves, as the megakernel's tiles do), the same bytes per program in each mode.
 
-1. Which half is near each SM: ``bench/l2_partition.py``'s pointer chase through fresh lines of
-   16 chunks, from every SM; an SM's near half is the group of chunks it reaches sooner.
+1. Which half is near each SM: ``bench/l2_partition.py``'s pointer chase through the lines of 16
+   chunks, from every SM; an SM's near half is the group of chunks it reaches sooner.
 2. Streaming: P programs (2 per SM by default), each owning a region of 2C chunks of a buffer
    too large for the L2, reading C of them (its near half's, its far half's, or the first C)
    16 KB at a time; the time of the launch gives the bandwidth.
@@ -25,22 +25,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from instructions.common import sm_id  # noqa: E402
-
-CHUNK = 1024     # int32 words: 4 KB
-
-
-@triton.jit
-def chase(arena_ptr, out_ptr, NCHUNK: tl.constexpr, LOADS: tl.constexpr):
-    pid = tl.program_id(0)
-    for c in range(NCHUNK):
-        base = arena_ptr + c * 1024
-        idx = tl.load(base + (pid % 32) * 32, volatile=True)
-        t0 = tl.extra.cuda.globaltimer()
-        for _ in range(LOADS):
-            idx = tl.load(base + idx, volatile=True)
-        t1 = tl.extra.cuda.globaltimer()
-        tl.store(out_ptr + (pid * NCHUNK + c) * 3, (t1 - t0 + (idx & 0)).to(tl.int64))
-        tl.store(out_ptr + (pid * NCHUNK + c) * 3 + 1, sm_id().to(tl.int64))
+from l2_partition import CHUNK, chase  # noqa: E402  (bench/ is the script's directory, so on sys.path)
 
 
 @triton.jit
