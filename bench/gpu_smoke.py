@@ -75,8 +75,9 @@ for be in args.backends.split(","):
         if name in ("megakernel", "superkernel"):
             k = mk.backend
             print(f"  workers {k.tape.num_workers} plan {k.plan}", flush=True)
-            kern = list(k.kernel.device_caches[0][0].values())[-1]
-            print(f"  regs {kern.n_regs} spills {kern.n_spills} shared {kern.metadata.shared}", flush=True)
+            ki = k.kernel_info     # this backend's own compiled kernel (the cache's last entry is the
+            # last one compiled, which is another variant's where this one's was compiled before)
+            print(f"  regs {ki['n_regs']} spills {ki['n_spills']} shared {ki['shared']}", flush=True)
     except Exception:
         traceback.print_exc()
         sys.stdout.flush()
