@@ -215,10 +215,10 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
             # Down rows of more than four chunks (14b, 32b): chunks of half the width and twice
             # the rows, the same registers. Each tile reads its input chunk again from L2 (then
             # float32: as many bytes as its bf16 weights at 2 rows; bf16 since NOTES 54), so this
-            # halves the input per weight byte. H200, max_seq_len 392: 14b 8.38 -> 8.10 ms, 32b 19.44-19.65 -> 18.43-18.48;
-            # not taken at 8b (4.21-4.35 against 4.31: the same) or 4b (2.61 -> 2.91: 3 tiles of 4
-            # rows on its busiest worker where 5 of 2 gave 10, and 72 spills against 32)
-            # (bench/NOTES.md 50)
+            # halves the input per weight byte. H200, max_seq_len 392: 14b 8.38 -> 8.10 ms,
+            # 32b 19.44-19.65 -> 18.43-18.48; not taken at 8b (4.21-4.35 against 4.31: the same)
+            # or 4b (2.61 -> 2.91: 3 tiles of 4 rows on its busiest worker where 5 of 2 gave 10,
+            # and 72 spills against 32) (bench/NOTES.md 50)
             bk_i, r_down = bk_i // 2, r_down * 2
     plan = Plan(
         B=batch_size, H=H, D=D, HQ=cfg.num_attention_heads, HKV=cfg.num_key_value_heads, I=I,

@@ -3,6 +3,7 @@
 # first PRE gate/up tiles' weights loaded before the O projection's wait (MEGAKERNEL_PRE_GU), so
 # that workers waiting through attention hold their gate/up weights when O ends. One process per
 # variant (the switch is read at import), 0.6b batch 1, max_seq_len 392, 256 steps in launches of 64.
+# The switch is not on main: it ran with results/s19r1/pre-gu.diff applied.
 #   bash bench/rounds/s19r1.sh "$OUT" "0 1 2 3 2:1"
 set -u
 out=${1:?out}; vs=${2:-"0 1 2 3"}; mkdir -p "$out"; export PYTHONUNBUFFERED=1

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 19, GPU round 2: phase traces of the O + gate/up instruction (MEGAKERNEL_PRE_GU, s19r1:
-# 1/2/3 tiles ahead 0.743/0.753/0.795 against 0.735) against main, 64 steps each.
+# 1/2/3 tiles ahead 0.743/0.753/0.795 against 0.735) against main, 64 steps each. Runs with
+# results/s19r1/pre-gu.diff applied (not on main).
 #   bash bench/rounds/s19r2.sh "$OUT" "0 1 2"
 set -u
 out=${1:?out}; vs=${2:-"0 1 2"}; mkdir -p "$out"; export PYTHONUNBUFFERED=1

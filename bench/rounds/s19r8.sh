@@ -2,7 +2,8 @@
 # Session 19, GPU round 8: the tiles after a worker's first through a software pipeline in shared
 # memory (plan fields LM_STAGES for the LM head, W_STAGES for QKV/O/gate-up/down; 1 = today's
 # next-tile-in-registers loop). 0.6b (one process, forward then reverse), then 14b with 8192-wide
-# chunks (s19r6: bk=8192 10.297 against 10.45 ms, cuda-graph 9.90).
+# chunks (s19r6: bk=8192 10.297 against 10.45 ms, cuda-graph 9.90). The two plan fields are not on
+# main: it ran with results/s19r8/stages.diff applied.
 #   bash bench/rounds/s19r8.sh "$OUT"
 set -u
 out=${1:?out}; mkdir -p "$out"; export PYTHONUNBUFFERED=1
