@@ -4,6 +4,8 @@
 
 A backend is ``name[:key=value...]``: nw / wps / bk / trace / st (strategy) are backend options,
 ``spl=K`` times launches of K steps (ms per token = launch time / K), any other key a plan field.
+``trace=1`` stamps every GEMV tile's math, ``trace=2`` (light) only what happens once an
+instruction: start, wait, input, end (``instructions.common``, TRACE).
 """
 import argparse
 import os

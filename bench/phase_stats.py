@@ -1,7 +1,8 @@
 """Where each stage's time goes, from a phase trace (``--trace`` / ``gpu_smoke.py ...:trace=1``).
 
 For each layer stage, over layers 2-25 of the step, the median and 90th percentile (``med/p90``,
-microseconds) of: ``gap`` (the stage's last end after the previous stage's last end), and per
+microseconds) of: ``gap`` (the stage's last end after the previous stage's last end), ``tail`` (its
+last end after the median of its instructions' ends), and per
 instruction ``start`` and ``waited`` (after the previous stage's last end), then the durations
 ``w-start`` (start to wait return), ``input-w`` (wait return to input arrived), ``first-in`` and
 ``comp-in`` (input to the first and last tile's math done; attention: ``first`` is the ticket),
@@ -35,6 +36,7 @@ def phase_table(events, layers=range(2, 26)):
             continue
         r = rows[op]
         r["gap"].append(ends[(op, layer)] - pe)
+        r["tail"].append(ends[(op, layer)] - statistics.median(e["ts"] + e["dur"] for e in evs))
         for e in evs:
             a = e["args"]
             if "input" not in a:      # an empty attention split (no wait, no input)

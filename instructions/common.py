@@ -43,7 +43,9 @@ def wait_counter(cnt_ptr, target, SPIN: tl.constexpr):
 
 
 # Trace slots per instruction (``megakernel.kernel``, TRACE): the kernel stamps START and END
-# around the instruction (END after its release); the tiles stamp their phases in between.
+# around the instruction (END after its release); the tiles stamp their phases in between. TRACE 1
+# stamps every GEMV tile's math (T_COMPUTED, T_FIRST: a CTA-wide reduction each, half a 14b step's
+# time); TRACE 2, the light trace, only what happens once an instruction (start, wait, input, end).
 TRACE_SLOTS: tl.constexpr = tl.constexpr(7)
 T_WAITED: tl.constexpr = tl.constexpr(2)     # the wait returned
 T_INPUT: tl.constexpr = tl.constexpr(3)      # the input (activations) arrived
@@ -234,7 +236,7 @@ def gemv_rows(t, w0, xn0, rstd, row_end, w_ptr, in_ptr, nw_ptr, nw0, eps, out_pt
             # the rows this tile adds to, asked for before its math so the two overlap
             res = tl.load(out_ptr + b * N + rows, mask=rows < row_end, other=0.0, cache_modifier=".cg")
         acc = dot_rows(w_ptr, w0, xn0, t * R, row_end, K, in_ptr + b * K, nw_ptr, rstd, NORM, R, BK)
-        if TRACE:
+        if TRACE == 1:     # per tile: a CTA-wide reduction each (TRACE 2, the light trace, skips it)
             stamp(tr, T_COMPUTED, tl.sum(acc, axis=0), TRACE)
             if first:
                 stamp(tr, T_FIRST, tl.sum(acc, axis=0), TRACE)
@@ -251,20 +253,50 @@ def gemv_rows(t, w0, xn0, rstd, row_end, w_ptr, in_ptr, nw_ptr, nw0, eps, out_pt
     return key
 
 
+# Lanes of a pool claim: one element per thread at 8 warps (two at 4), none replicated, so the
+# atomic's reply stays in the register of the lane that asked and nothing waits for it until
+# ``claimed`` reduces it (a scalar or replicated atomic is broadcast through shared memory behind a
+# CTA barrier, which would wait for the reply at once).
+CLAIM_LANES: tl.constexpr = tl.constexpr(256)
+
+
+@triton.jit
+def claim(claims_ptr):
+    """Ask for the next tile of a pool (``scheduler/ops.py``): one lane adds 1 to ``*claims_ptr``."""
+    lane = tl.arange(0, CLAIM_LANES)
+    return tl.atomic_add(claims_ptr + lane * 0, 1, mask=lane == 0, sem=RELAXED, scope="gpu")
+
+
+@triton.jit
+def claimed(c, base, NT: tl.constexpr, POOL: tl.constexpr):
+    """The tile ``claim`` got: the pool's (its last POOL of NT tiles) claim - base'th, or NT once
+    the pool has run out. ``base``: the claims of the steps before this one."""
+    lane = tl.arange(0, CLAIM_LANES)
+    k = tl.sum(tl.where(lane == 0, c, 0), axis=0).to(tl.int32) - base
+    return tl.where(k < POOL, NT - POOL + k, NT)
+
+
 @triton.jit
 def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
               B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
               NORM: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr,
-              BT: tl.constexpr, tr, TRACE: tl.constexpr):
+              BT: tl.constexpr, tr, TRACE: tl.constexpr, POOL: tl.constexpr, claims_ptr, claims_base):
     """Tiles [t0, t1) of rows R of a row-major [N, K] GEMV over each of B input rows (RMS-normalised
-    with weight ``nw`` when NORM), with the epilogue EPI. The first tile's weights (and the norm
-    weight) are loaded before the wait (weights never depend on activations), each next tile's
-    while this one computes. (Loading the second tile's too before the wait measured 6-9% slower
-    at 0.6b: bench/NOTES.md 31.)"""
+    with weight ``nw`` when NORM), with the epilogue EPI; then, with a POOL (the op's last POOL
+    tiles, ``scheduler/ops.py``), pool tiles claimed from ``claims_ptr`` until it runs out, each
+    claim asked for a tile before it is needed. The first tile's weights (and the norm weight)
+    are loaded before the wait (weights never depend on activations), each next tile's while this
+    one computes. (Loading the second tile's too before the wait measured 6-9% slower at 0.6b:
+    bench/NOTES.md 31.)"""
     if BT:
         return gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
                           B, N, K, R, BK, NORM, EPI, WAIT, SPIN)
-    row_end = tl.minimum(t1 * R, N)
+    NT: tl.constexpr = (N + R - 1) // R
+    if POOL > 0:
+        c = claim(claims_ptr)           # the first pool tile: asked for now, read after tile t1 - 1
+        row_end = N                     # the next tile can be any of the pool's
+    else:
+        row_end = tl.minimum(t1 * R, N)
     w0 = load_w(w_ptr, t0 * R, row_end, K, 0, R, BK)
     nw0 = load_nw(nw_ptr, K, BK, NORM)
     seen = target
@@ -279,12 +311,27 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, tar
     xn0, rstd = load_xn(in_ptr, nw_ptr, nw0, eps, K, BK, NORM)
     stamp(tr, T_INPUT, tl.sum(xn0, axis=0), TRACE)
     kmax = tl.full([], KEY_EMPTY, tl.int64)
-    for t in range(t0, t1):
-        w_next = load_w(w_ptr, (t + 1) * R, row_end, K, 0, R, BK)
-        key = gemv_rows(t, w0, xn0, rstd, row_end, w_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_ptr,
-                        B, N, K, R, BK, NORM, EPI, t == t0, tr, TRACE)
-        kmax = tl.maximum(kmax, key)
-        w0 = w_next
+    if POOL > 0:
+        t = t0
+        while t < NT:
+            nt = t + 1
+            if nt >= t1:                # past the instruction's own tiles: the claimed pool tile
+                nt = claimed(c, claims_base, NT, POOL)
+                if nt < NT:
+                    c = claim(claims_ptr)
+            w_next = load_w(w_ptr, nt * R, row_end, K, 0, R, BK)      # nothing past the last row
+            key = gemv_rows(t, w0, xn0, rstd, row_end, w_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_ptr,
+                            B, N, K, R, BK, NORM, EPI, t == t0, tr, TRACE)
+            kmax = tl.maximum(kmax, key)
+            w0 = w_next
+            t = nt
+    else:
+        for t in range(t0, t1):
+            w_next = load_w(w_ptr, (t + 1) * R, row_end, K, 0, R, BK)
+            key = gemv_rows(t, w0, xn0, rstd, row_end, w_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_ptr,
+                            B, N, K, R, BK, NORM, EPI, t == t0, tr, TRACE)
+            kmax = tl.maximum(kmax, key)
+            w0 = w_next
     if (EPI == ARGMAX) & (B == 1):
         tl.atomic_max(aux_ptr, kmax, sem=RELAXED, scope="gpu")     # one atomic per instruction
     return seen

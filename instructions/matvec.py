@@ -16,30 +16,39 @@ import triton.language as tl
 
 from scheduler.ops import Op
 
-from .common import (ARGMAX, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, batch_mask, batch_rows,
-                     dot_rows2, gemv_tile, load_nw, load_w, load_xn, stamp, wait_counter)
+from .common import (ARGMAX, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, batch_mask, batch_rows, claim,
+                     claimed, dot_rows2, gemv_tile, load_nw, load_w, load_xn, stamp, wait_counter)
 
 
 @triton.jit
 def residual_tile(t0, t1, layer, in_ptr, w_base, x_ptr, cnt_ptr, target,
                   B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-                  WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr):
+                  WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr,
+                  POOL: tl.constexpr, claims_ptr, claims_base):
     """x[b, rows] += W[layer, rows] @ in[b] (OPROJ with in = attn, DOWN with in = act)."""
     return gemv_tile(t0, t1, w_base + tl.cast(layer, tl.int64) * (N * K), in_ptr, in_ptr, 0.0, x_ptr, x_ptr,
-                     cnt_ptr, target, B, N, K, R, BK, False, RESIDUAL, WAIT, SPIN, BT, tr, TRACE)
+                     cnt_ptr, target, B, N, K, R, BK, False, RESIDUAL, WAIT, SPIN, BT, tr, TRACE,
+                     POOL, claims_ptr, claims_base)
 
 
 @triton.jit
 def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                 B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-                WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr):
+                WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr,
+                POOL: tl.constexpr, claims_ptr, claims_base):
+    """Tiles [t0, t1) of gate and up, then with a POOL the pool's tiles as ``gemv_tile`` takes them."""
     if BT:
         return gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                             B, H, I, R, BK, WAIT, SPIN)
     g_ptr = wgu_ptr + tl.cast(layer, tl.int64) * (2 * I * H)
     u_ptr = g_ptr + I * H
     nw_ptr = postnorm_ptr + layer * H
-    row_end = tl.minimum(t1 * R, I)
+    NT: tl.constexpr = (I + R - 1) // R
+    if POOL > 0:
+        c = claim(claims_ptr)
+        row_end = I
+    else:
+        row_end = tl.minimum(t1 * R, I)
     g0 = load_w(g_ptr, t0 * R, row_end, H, 0, R, BK)
     u0 = load_w(u_ptr, t0 * R, row_end, H, 0, R, BK)
     nw0 = load_nw(nw_ptr, H, BK, True)
@@ -49,13 +58,29 @@ def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_p
     stamp(tr, T_WAITED, seen, TRACE)
     xn0, rstd = load_xn(x_ptr, nw_ptr, nw0, eps, H, BK, True)
     stamp(tr, T_INPUT, rstd, TRACE)
-    for t in range(t0, t1):
-        g_next = load_w(g_ptr, (t + 1) * R, row_end, H, 0, R, BK)
-        u_next = load_w(u_ptr, (t + 1) * R, row_end, H, 0, R, BK)
-        _gateup_rows(t, g0, u0, xn0, rstd, row_end, g_ptr, u_ptr, x_ptr, nw_ptr, nw0, act_ptr, eps, B, H, I, R,
-                     BK, t == t0, tr, TRACE)
-        g0 = g_next
-        u0 = u_next
+    if POOL > 0:
+        t = t0
+        while t < NT:
+            nt = t + 1
+            if nt >= t1:
+                nt = claimed(c, claims_base, NT, POOL)
+                if nt < NT:
+                    c = claim(claims_ptr)
+            g_next = load_w(g_ptr, nt * R, row_end, H, 0, R, BK)
+            u_next = load_w(u_ptr, nt * R, row_end, H, 0, R, BK)
+            _gateup_rows(t, g0, u0, xn0, rstd, row_end, g_ptr, u_ptr, x_ptr, nw_ptr, nw0, act_ptr, eps, B, H, I,
+                         R, BK, t == t0, tr, TRACE)
+            g0 = g_next
+            u0 = u_next
+            t = nt
+    else:
+        for t in range(t0, t1):
+            g_next = load_w(g_ptr, (t + 1) * R, row_end, H, 0, R, BK)
+            u_next = load_w(u_ptr, (t + 1) * R, row_end, H, 0, R, BK)
+            _gateup_rows(t, g0, u0, xn0, rstd, row_end, g_ptr, u_ptr, x_ptr, nw_ptr, nw0, act_ptr, eps, B, H, I,
+                         R, BK, t == t0, tr, TRACE)
+            g0 = g_next
+            u0 = u_next
     return seen
 
 
@@ -71,7 +96,7 @@ def _gateup_rows(t, g0, u0, xn0, rstd, row_end, g_ptr, u_ptr, x_ptr, nw_ptr, nw0
         gate, up = dot_rows2(g_ptr, u_ptr, g0, u0, xn0, t * R, row_end, H, x_ptr + b * H, nw_ptr, rstd, True, R,
                              BK, True)
         act = gate / (1.0 + tl.exp(-gate)) * up
-        if TRACE:
+        if TRACE == 1:     # per tile (not in the light trace, TRACE 2)
             stamp(tr, T_COMPUTED, tl.sum(act, axis=0), TRACE)
             if first:
                 stamp(tr, T_FIRST, tl.sum(act, axis=0), TRACE)
@@ -106,17 +131,19 @@ def gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_
 @triton.jit
 def lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_ptr, eps, cnt_ptr, target,
                 B: tl.constexpr, H: tl.constexpr, V: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-                WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr):
+                WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr,
+                POOL: tl.constexpr, claims_ptr, claims_base):
     return gemv_tile(t0, t1, lm_ptr, x_ptr, fnorm_ptr, eps, logits_ptr, amax_ptr, cnt_ptr, target,
-                     B, V, H, R, BK, True, ARGMAX, WAIT, SPIN, BT, tr, TRACE)
+                     B, V, H, R, BK, True, ARGMAX, WAIT, SPIN, BT, tr, TRACE, POOL, claims_ptr, claims_base)
 
 
+# The per-op kernels: a program per tile, so no pool (POOL 0).
 @triton.jit
 def oproj_kernel(layer, attn_ptr, wo_ptr, x_ptr, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                  R: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
     pid = tl.program_id(0)
     residual_tile(pid, pid + 1, layer, attn_ptr, wo_ptr, x_ptr, attn_ptr, 0, B, N, K, R, BK, False, 0, BT, x_ptr,
-                  False)
+                  False, 0, x_ptr, 0)
 
 
 @triton.jit
@@ -124,7 +151,7 @@ def gateup_kernel(layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, B: tl.const
                   I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
     pid = tl.program_id(0)
     gateup_tile(pid, pid + 1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, x_ptr, 0, B, H, I, R, BK,
-                False, 0, BT, x_ptr, False)
+                False, 0, BT, x_ptr, False, 0, x_ptr, 0)
 
 
 @triton.jit
@@ -132,7 +159,7 @@ def lmhead_kernel(x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_ptr, eps, B: tl.con
                   H: tl.constexpr, V: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
     pid = tl.program_id(0)
     lmhead_tile(pid, pid + 1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_ptr, eps, x_ptr, 0,
-                B, H, V, R, BK, False, 0, BT, x_ptr, False)
+                B, H, V, R, BK, False, 0, BT, x_ptr, False, 0, x_ptr, 0)
 
 
 def oproj(st, p, layer):

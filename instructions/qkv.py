@@ -20,7 +20,8 @@ def qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, cnt_ptr, 
              B: tl.constexpr, H: tl.constexpr, N: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
              WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr):
     return gemv_tile(t0, t1, wqkv_ptr + tl.cast(layer, tl.int64) * (N * H), x_ptr, innorm_ptr + layer * H, eps,
-                     qkv_ptr, qkv_ptr, cnt_ptr, target, B, N, H, R, BK, True, STORE, WAIT, SPIN, BT, tr, TRACE)
+                     qkv_ptr, qkv_ptr, cnt_ptr, target, B, N, H, R, BK, True, STORE, WAIT, SPIN, BT, tr, TRACE,
+                     0, cnt_ptr, 0)    # no pool: attention waits on each kv group's QKV tiles
 
 
 @triton.jit

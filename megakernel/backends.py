@@ -142,7 +142,7 @@ class PersistentBackend:
     """megakernel / superkernel: one launch of the persistent kernel per step."""
 
     def __init__(self, mk, mode: str = "megakernel", num_workers: int | None = None,
-                 strategy: str = "balanced", spin: int | None = None, num_warps: int = 4, trace: bool = False,
+                 strategy: str = "balanced", spin: int | None = None, num_warps: int = 4, trace: int = 0,
                  workers_per_sm: int = 2, max_bk: int = MAX_BK, plan_overrides: dict | None = None,
                  prefetch_tape: bool | None = None):
         _check_kernel_device(mk, mode)
@@ -177,8 +177,9 @@ class PersistentBackend:
 
     def _build(self, workers: int):
         mk, dev = self.mk, self.mk.weights.device
-        self.plan = tile_plan(mk, workers, self.max_bk, self.plan_overrides, self.num_warps)
-        self.tape: Tape = build_tape(self.plan, workers, strategy=self.strategy, mode=self.mode)
+        self.tape: Tape = build_tape(tile_plan(mk, workers, self.max_bk, self.plan_overrides, self.num_warps),
+                                     workers, strategy=self.strategy, mode=self.mode)
+        self.plan = self.tape.plan      # a superkernel tape's is without pools
         words, lengths = encode(self.tape)
         self.words, self.lengths = words.to(dev), lengths.to(dev)
         self.st = StepState.allocate(mk, self.plan, self.num_warps, sync_words=self.tape.num_counters)

@@ -20,6 +20,9 @@ a kernel launch gives one step per launch: every read and write of a step then f
 of the step before. ``lengths`` stay those of the launch's first step until the last step's ARGMAX
 adds ``steps``; attention takes step s's position as ``lengths[b] + s``; ARGMAX writes step s's
 token to ``hist[s * B + b]`` as well as ``tokens[b]``.
+
+A pooled stage's instructions (``scheduler/ops.py``) claim its pool's tiles from their claims
+counter after their own; the claims of step s are those past ``pool_claims * epoch``.
 """
 
 import triton
@@ -31,7 +34,7 @@ from instructions.common import RELAXED, RELEASE, T_SM, TRACE_SLOTS, sm_id, wait
 from instructions.embed import embed_tile
 from instructions.matvec import gateup_tile, lmhead_tile, residual_tile
 from instructions.qkv import qkv_tile
-from scheduler.ops import WORDS as TAPE_WORDS, Op
+from scheduler.ops import POOL_SHIFT as TAPE_POOL_SHIFT, WORDS as TAPE_WORDS, Op
 
 OP_EMBED: tl.constexpr = tl.constexpr(int(Op.EMBED))
 OP_QKV: tl.constexpr = tl.constexpr(int(Op.QKV))
@@ -43,6 +46,8 @@ OP_LMHEAD: tl.constexpr = tl.constexpr(int(Op.LMHEAD))
 OP_ARGMAX: tl.constexpr = tl.constexpr(int(Op.ARGMAX))
 OP_BARRIER: tl.constexpr = tl.constexpr(int(Op.BARRIER))
 WORDS: tl.constexpr = tl.constexpr(TAPE_WORDS)
+POOL_SHIFT: tl.constexpr = tl.constexpr(TAPE_POOL_SHIFT)
+POOL_MASK: tl.constexpr = tl.constexpr((1 << TAPE_POOL_SHIFT) - 1)
 
 
 @triton.jit
@@ -69,6 +74,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                R_LM: tl.constexpr, BK_H: tl.constexpr, BK_Q: tl.constexpr, BK_I: tl.constexpr,
                NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
                NSPLIT_PAD: tl.constexpr, KV_STAGES: tl.constexpr, BATCHED: tl.constexpr,
+               POOL_O: tl.constexpr, POOL_GU: tl.constexpr, POOL_DOWN: tl.constexpr, POOL_LM: tl.constexpr,
                SPIN: tl.constexpr, TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr):
     pid = tl.program_id(0)
     n = tl.load(tape_len_ptr + pid)
@@ -99,6 +105,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                 wc = tl.sum(tl.where(ar == 4, cur, 0), axis=0)
                 target = tl.sum(tl.where(ar == 5, cur, 0), axis=0) * (epoch + 1)
                 sc = tl.sum(tl.where(ar == 6, cur, 0), axis=0)
+                pw = tl.sum(tl.where(ar == 7, cur, 0), axis=0)
             else:
                 # scalar fetch: triton-ascend's adapter cannot lower the loop-carried row above
                 op = tl.load(row + i * WORDS)
@@ -108,7 +115,11 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                 wc = tl.load(row + i * WORDS + 4)
                 target = tl.load(row + i * WORDS + 5) * (epoch + 1)
                 sc = tl.load(row + i * WORDS + 6)
+                pw = tl.load(row + i * WORDS + 7)
             cnt = counters_ptr + wc
+            # a pooled stage's claims counter, and the claims of this program's earlier steps
+            claims = counters_ptr + (pw & POOL_MASK)
+            claims_base = (pw >> POOL_SHIFT) * epoch
             tr = trace_ptr + (pid * max_len + i) * TRACE_SLOTS     # this instruction's trace slots
             if TRACE:
                 tl.store(tr, tl.extra.cuda.globaltimer())
@@ -123,16 +134,17 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                                  BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, True, SPIN, tr, TRACE)
             elif op == OP_OPROJ:
                 seen = residual_tile(t0, t1, layer, attn_ptr, wo_ptr, x_ptr, cnt, target, B, H, HQ * D, R_O,
-                                     BK_Q, True, SPIN, BATCHED, tr, TRACE)
+                                     BK_Q, True, SPIN, BATCHED, tr, TRACE, POOL_O, claims, claims_base)
             elif op == OP_GATEUP:
                 seen = gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt, target,
-                                   B, H, I, R_GU, BK_H, True, SPIN, BATCHED, tr, TRACE)
+                                   B, H, I, R_GU, BK_H, True, SPIN, BATCHED, tr, TRACE, POOL_GU, claims, claims_base)
             elif op == OP_DOWN:
                 seen = residual_tile(t0, t1, layer, act_ptr, wdown_ptr, x_ptr, cnt, target, B, H, I, R_DOWN,
-                                     BK_I, True, SPIN, BATCHED, tr, TRACE)
+                                     BK_I, True, SPIN, BATCHED, tr, TRACE, POOL_DOWN, claims, claims_base)
             elif op == OP_LMHEAD:
                 seen = lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_ptr, eps,
-                                   cnt, target, B, H, V, R_LM, BK_H, True, SPIN, BATCHED, tr, TRACE)
+                                   cnt, target, B, H, V, R_LM, BK_H, True, SPIN, BATCHED, tr, TRACE,
+                                   POOL_LM, claims, claims_base)
             elif op == OP_ARGMAX:
                 seen = argmax_tile(t0, t1, amax_ptr, tokens_ptr, lengths_ptr, hist_ptr, s, steps, cnt, target, B,
                                    True, SPIN)

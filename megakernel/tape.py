@@ -49,21 +49,39 @@ def summary(cfg: Qwen3Config, workers: int, strategy: str, mode: str, batch_size
            f"batch {batch_size}  max_seq_len {max_seq_len}",
            "plan: " + " ".join(f"{k}={v}" for k, v in plan.constexprs().items())]
 
-    kinds: dict[Op, list[int]] = defaultdict(lambda: [0, 0, 0])
+    # tiles and bytes of each kind, a pool's tiles (claimed at run time) counted once per stage
+    kinds: dict[Op, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    stages = set()
     for _, _, ins in tape.instructions():
-        k = kinds[Op(ins.op)]
+        op = Op(ins.op)
+        k = kinds[op]
         k[0] += 1
         k[1] += ins.ntiles
-        k[2] += cost(plan, Op(ins.op), ins.ntiles)
+        k[2] += cost(plan, op, ins.ntiles)
+        if plan.pool(op) and (op, ins.layer) not in stages:
+            stages.add((op, ins.layer))
+            k[1] += plan.pool(op)
+            k[2] += cost(plan, op, plan.pool(op))
+            k[3] += plan.pool(op)
     total = sum(k[2] for k in kinds.values())
-    out += ["", f"{'kind':<8} {'instrs':>8} {'tiles':>8} {'MB':>10} {'share':>6}"]
+    out += ["", f"{'kind':<8} {'instrs':>8} {'tiles':>8} {'pooled':>8} {'MB':>10} {'share':>6}"]
     for op in sorted(kinds):
-        n, t, b = kinds[op]
-        out.append(f"{op.name:<8} {n:>8} {t:>8} {b / 1e6:>10.3f} {100 * b / max(1, total):>5.1f}%")
+        n, t, b, p = kinds[op]
+        out.append(f"{op.name:<8} {n:>8} {t:>8} {p:>8} {b / 1e6:>10.3f} {100 * b / max(1, total):>5.1f}%")
     out.append(f"{'total':<8} {sum(k[0] for k in kinds.values()):>8} {sum(k[1] for k in kinds.values()):>8} "
-               f"{total / 1e6:>10.3f}")
+               f"{sum(k[3] for k in kinds.values()):>8} {total / 1e6:>10.3f}")
 
-    bytes_w = [tape.worker_cost(w) for w in range(workers)]
+    # a pool's bytes shared evenly among its stage's instructions (what run-time claims aim at)
+    stage_n = defaultdict(int)
+    for _, _, ins in tape.instructions():
+        stage_n[(ins.op, ins.layer)] += 1
+
+    def instr_cost(ins) -> float:
+        pool = plan.pool(ins.op) if ins.op != Op.BARRIER else 0
+        return cost(plan, Op(ins.op), ins.ntiles) + (cost(plan, Op(ins.op), pool) / stage_n[(ins.op, ins.layer)]
+                                                     if pool else 0)
+
+    bytes_w = [sum(instr_cost(i) for i in lst) for lst in tape.workers]
     out += ["", f"{'worker':>6} {'instrs':>7} {'waits':>6} {'MB':>9} {'est us':>8}"]
     for w, lst in enumerate(tape.workers):
         waits = sum(1 for i in lst if i.wait_per_step > 0)
@@ -73,10 +91,10 @@ def summary(cfg: Qwen3Config, workers: int, strategy: str, mode: str, batch_size
     slowest = max(bytes_w) / per_worker_bw * 1e6
     # each stage waits for the whole previous one: where a worker cannot start loading the next
     # stage's weights early (superkernel), a step takes the sum over stages of the busiest worker
-    stage_w: dict[tuple, list[int]] = defaultdict(lambda: [0] * workers)
+    stage_w: dict[tuple, list[float]] = defaultdict(lambda: [0.0] * workers)
     for w, _, ins in tape.instructions():
         if ins.op != Op.BARRIER:
-            stage_w[(ins.op, ins.layer)][w] += cost(plan, Op(ins.op), ins.ntiles)
+            stage_w[(ins.op, ins.layer)][w] += instr_cost(ins)
     staged = sum(max(v) for v in stage_w.values()) / per_worker_bw * 1e6
     floor = total / (bandwidth_gbs * 1e9) * 1e6
     out += ["",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from .ops import Instr, Op, Plan, cost
+from .ops import MAX_POOL_CLAIMS, POOL_SHIFT, Instr, Op, Plan, cost, without_pools
 
 
 @dataclass
@@ -73,11 +73,12 @@ def build_stages(plan: Plan) -> list[Stage]:
                 segs.append(Segment(t0, t0 + p.NSPLIT, (Op.ATTN, l, 0)))
                 waits.append((Op.QKV, l, g))
         stages.append(Stage(Op.ATTN, l, segs, waits))
+        # a stage's pool (its last tiles, ops module doc) belongs to no instruction
         for op, dep in ((Op.OPROJ, (Op.ATTN, l, 0)), (Op.GATEUP, (Op.OPROJ, l, 0)),
                         (Op.DOWN, (Op.GATEUP, l, 0))):
-            stages.append(Stage(op, l, [Segment(0, p.tiles(op), (op, l, 0))], [dep]))
+            stages.append(Stage(op, l, [Segment(0, p.tiles(op) - p.pool(op), (op, l, 0))], [dep]))
         prev = (Op.DOWN, l, 0)
-    stages.append(Stage(Op.LMHEAD, 0, [Segment(0, p.tiles(Op.LMHEAD), (Op.LMHEAD, 0, 0))], [prev]))
+    stages.append(Stage(Op.LMHEAD, 0, [Segment(0, p.tiles(Op.LMHEAD) - p.POOL_LM, (Op.LMHEAD, 0, 0))], [prev]))
     stages.append(Stage(Op.ARGMAX, 0, [Segment(0, p.B, (Op.ARGMAX, 0, 0))], [(Op.LMHEAD, 0, 0)]))
     return stages
 
@@ -155,13 +156,16 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
     continues from the previous stage, so short stages do not always land on worker 0.
     balanced: list scheduling; each instruction (largest first within a stage) goes to the worker
     with the least bytes of this stage, then of the step so far. Both keep every worker's list in stage order, which
-    with co-resident workers rules out deadlock (a wait only names earlier stages)."""
+    with co-resident workers rules out deadlock (a wait only names earlier stages).
+    A superkernel tape has no pools (``Tape.plan`` is the plan without them)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}: {', '.join(STRATEGIES)}")
     if mode not in MODES:
         raise ValueError(f"unknown tape mode {mode!r}: {', '.join(MODES)}")
     if workers < 1:
         raise ValueError("workers must be at least 1")
+    if mode == "superkernel":
+        plan = without_pools(plan)      # pools claim from counters, which a superkernel tape has not
     stages = build_stages(plan)
     counters: dict[tuple, int] = {}
     names: dict[int, str] = {0: "never raised"}
@@ -170,8 +174,9 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
         if key not in counters:
             counters[key] = len(counters) + 1
             op, layer, group = key
-            names[counters[key]] = f"{Op(op).name} layer {layer} group {group}" if op != Op.BARRIER \
-                else f"BARRIER {layer}"
+            names[counters[key]] = f"BARRIER {layer}" if op == Op.BARRIER else \
+                f"{Op(op).name} layer {layer} pool claims" if group == "pool" else \
+                f"{Op(op).name} layer {layer} group {group}"
         return counters[key]
 
     pieces_per_stage = [split_stage(s, workers) for s in stages]
@@ -184,13 +189,20 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
     rr = 0
     for k, (stage, pieces) in enumerate(zip(stages, pieces_per_stage)):
         instrs = []
+        pool = plan.pool(stage.op)
+        pc = counter((stage.op, stage.layer, "pool")) if pool else 0
+        claims = pool + len(pieces) if pool else 0
+        if claims > MAX_POOL_CLAIMS or pc >= 1 << POOL_SHIFT:
+            raise ValueError(f"{stage.op.name} layer {stage.layer}: a pool of {pool} tiles over {len(pieces)} "
+                             f"instructions makes {claims} claims a step (at most {MAX_POOL_CLAIMS}) on counter "
+                             f"{pc} (below {1 << POOL_SHIFT}): use a smaller pool")
         for a, b, seg, dep in pieces:
             if mode == "megakernel":
                 wc, wn = (counter(dep), signals[dep]) if dep is not None else (0, 0)
                 sc = counter(seg.key)
             else:
                 wc, wn, sc = 0, 0, -1
-            instrs.append(Instr(int(stage.op), stage.layer, a, b, wc, wn, sc))
+            instrs.append(Instr(int(stage.op), stage.layer, a, b, wc, wn, sc, pc, claims))
         if strategy == "round-robin":
             for j, ins in enumerate(instrs):
                 lists[(rr + j) % workers].append(ins)

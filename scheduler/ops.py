@@ -2,12 +2,23 @@
 
 An instruction is eight int32 words::
 
-    op, layer, tile_start, tile_end, wait_counter, wait_per_step, signal_counter, pad
+    op, layer, tile_start, tile_end, wait_counter, wait_per_step, signal_counter, pool
 
 It runs tiles ``[tile_start, tile_end)`` of op ``op`` in layer ``layer``. Before reading its input
 it waits until ``counters[wait_counter] >= wait_per_step * (step + 1)`` (counters only grow, so no
 reset is needed between steps; counter 0 is never raised and ``wait_per_step`` 0 means "no
 wait"); after its last store it adds 1 to ``counters[signal_counter]`` (-1: signals nothing).
+
+A stage with a *pool* (the plan's ``POOL_O``, ``POOL_GU``, ``POOL_DOWN``, ``POOL_LM``: that many of
+its last tiles) leaves those tiles to no instruction. Each of the stage's instructions, after its
+own tiles, claims pool tiles one at a time from a claims counter until the pool is empty, so the
+workers whose memory is fastest that step take more of them and the stage ends when the mean
+worker would, not the slowest (the stages' tails, bench/NOTES.md 58). The pool word is
+``pool_counter | pool_claims << 16``: the claims counter (which nothing waits on or signals) and
+the claims one step makes (every instruction claims once more than it takes, so a step makes
+``POOL + instructions`` claims and step s's claims are those from ``pool_claims * s``; no reset).
+A stage's signals still mean that all its tiles are done: an instruction signals after the pool
+tiles it took, and it stops claiming only once the pool has run out.
 
 This module is the scheduler's view of the instruction kinds and imports no Triton; the kernels
 of each kind live in ``instructions/<kind>.py`` (DESIGN.md keeps the two apart so that the
@@ -21,6 +32,11 @@ from dataclasses import asdict, dataclass, replace
 from functools import partial
 
 WORDS = 8
+# the pool word: claims counter in the low bits, claims a step above them
+POOL_SHIFT = 16
+# Counters restart from zero every this many steps (``PersistentBackend.decode``), so a pool's
+# claims a step stay below 2^31 / this
+MAX_POOL_CLAIMS = (1 << 31) // 65536 - 1
 
 
 class Op(enum.IntEnum):
@@ -46,15 +62,17 @@ class Instr:
     wait_counter: int = 0
     wait_per_step: int = 0
     signal_counter: int = -1
+    pool_counter: int = 0     # a pooled stage's claims counter (0: the stage has no pool)
+    pool_claims: int = 0      # the claims that stage makes a step
 
     def encode(self) -> list[int]:
         return [self.op, self.layer, self.tile_start, self.tile_end, self.wait_counter,
-                self.wait_per_step, self.signal_counter, 0]
+                self.wait_per_step, self.signal_counter, self.pool_counter | self.pool_claims << POOL_SHIFT]
 
     @staticmethod
     def decode(words) -> "Instr":
         w = [int(v) for v in words]
-        return Instr(*w[:7])
+        return Instr(*w[:7], w[7] & (1 << POOL_SHIFT) - 1, w[7] >> POOL_SHIFT)
 
     @property
     def ntiles(self) -> int:
@@ -106,6 +124,15 @@ class Plan:
     G_PAD: int
     KV_STAGES: int = 3  # attention's software pipeline over KV blocks (KV_STAGES - 1 in flight; 1: none)
     BATCHED: int = 0    # GEMV tiles read weights once for all B rows (1) or loop over the sequences (0)
+    POOL_O: int = 0     # the stage's last tiles claimed at run time (module doc; 0: none)
+    POOL_GU: int = 0
+    POOL_DOWN: int = 0
+    POOL_LM: int = 0
+
+    def pool(self, op: Op) -> int:
+        """Tiles of ``op``'s pool (its last ones), 0 where it has none."""
+        return {Op.OPROJ: self.POOL_O, Op.GATEUP: self.POOL_GU, Op.DOWN: self.POOL_DOWN,
+                Op.LMHEAD: self.POOL_LM}.get(Op(op), 0)
 
     @property
     def QKV_ROWS(self) -> int:
@@ -148,6 +175,12 @@ BATCHED_MAX_TILES = 4
 # of 4 warps (128 per thread; a program of more warps holds proportionally more).
 TILE_ELEMS = 16384
 MAX_BK = 4096
+# Pools (module doc): in a plan whose gate/up stage streams at least POOL_MIN_BYTES of weights a
+# worker at batch 1, a stage whose tiles give every worker at least POOL_MIN_TILES leaves
+# 1 / POOL_DIV of them to a pool.
+POOL_MIN_BYTES = 512 * 1024
+POOL_MIN_TILES = 4
+POOL_DIV = 5
 
 
 def _block_k(K: int, max_bk: int = MAX_BK) -> int:
@@ -245,7 +278,28 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         # fewer, fuller tiles
         plan = replace(plan, R_QKV=max(plan.R_QKV, min(16, D & -D)), R_O=max(plan.R_O, 16),
                        R_GU=max(plan.R_GU, 16), R_DOWN=max(plan.R_DOWN, 16), R_LM=max(plan.R_LM, 16))
+    if batch_size == 1 and not plan.BATCHED and cost(plan, Op.GATEUP, plan.tiles(Op.GATEUP)) >= POOL_MIN_BYTES * workers:
+        # A stage whose workers stream several tiles each ends when the slowest does: the memory
+        # system serves the SMs unevenly (H100, 14b: gate/up's last instruction ends 9.3 us after
+        # its median one, down's 4.4, of 120 and 64 us), so a pool of its last tiles goes to
+        # whichever workers are free: 8b 5.41 -> 5.33 ms, 14b 10.46 -> 9.97, 32b 23.32 -> 22.24.
+        # Where the layers are short (gate/up under 512 KB a worker) the pools' code costs more
+        # than their tails: 0.6b (the LM head's alone) 0.733 -> 0.738, 1.7b 1.48 -> 1.50, 4b 3.19 ->
+        # 3.22 (bench/NOTES.md 58)
+        pools = {}
+        for op, field in ((Op.OPROJ, "POOL_O"), (Op.GATEUP, "POOL_GU"), (Op.DOWN, "POOL_DOWN"),
+                          (Op.LMHEAD, "POOL_LM")):
+            n = plan.tiles(op)
+            if n >= POOL_MIN_TILES * workers:
+                pools[field] = min(n // POOL_DIV, MAX_POOL_CLAIMS - workers)
+        plan = replace(plan, **pools)
     return plan
+
+
+def without_pools(plan: Plan) -> Plan:
+    """The plan with every stage's tiles in its instructions (a superkernel tape has no counters to
+    claim from)."""
+    return replace(plan, POOL_O=0, POOL_GU=0, POOL_DOWN=0, POOL_LM=0)
 
 
 def cost(plan: Plan, op: Op, ntiles: int, itemsize: int = 2) -> int:

@@ -15,7 +15,9 @@ tape is checked here, on the host, before a kernel sees it:
    grow), so if one interleaving finishes, every interleaving of co-resident workers does;
 5. every instruction is ordered after the producers the graph says it needs: in ``megakernel``
    mode by waiting on a counter raised by all of them; in ``superkernel`` mode by a grid-wide
-   BARRIER between them (or such a wait).
+   BARRIER between them (or such a wait);
+6. a stage with a pool (``ops`` module doc) claims it from a counter of its own, which nothing
+   waits on or signals, with every instruction of the stage and the claims a step they make.
 
 The same simulation measures the critical path in dependent steps (``dependent_steps``): the
 longest chain of waits, each of which costs a cross-worker round trip on the device.
@@ -78,6 +80,7 @@ def validate(tape, plan: Plan | None = None, mode: str | None = None, counter_na
     stages = build_stages(plan)
     _check_fields(lists, plan, num_counters)
     _check_coverage(lists, stages)
+    _check_pools(lists, plan, names, num_counters)
     raisers = _check_counters(lists, names)
     _check_deadlock(lists, names)
     _check_dependencies(lists, stages, raisers, mode, names)
@@ -150,7 +153,42 @@ def _check_coverage(lists, stages):
         if nxt < s.ntiles:
             after = f" (last is {where(lists, *last)})" if last else ""
             bad.append(f"{name}: tiles {nxt}..{s.ntiles - 1} are scheduled nowhere{after}")
+        elif nxt > s.segments[-1].tile_end:
+            bad.append(f"{where(lists, *last)} schedules tiles {s.segments[-1].tile_end}..{nxt - 1} of {name}, "
+                       f"which are its pool's (claimed at run time)")
     _fail("tiles not scheduled exactly once", bad)
+
+
+def _check_pools(lists, plan: Plan, names, num_counters):
+    by_stage: dict[tuple, list] = defaultdict(list)
+    waited_or_signalled = set()
+    for w, lst in enumerate(lists):
+        for i, ins in enumerate(lst):
+            if ins.op not in (Op.NOOP, Op.BARRIER):
+                by_stage[(Op(ins.op), ins.layer)].append((w, i, ins))
+            waited_or_signalled |= {ins.wait_counter if ins.wait_per_step > 0 else 0, ins.signal_counter}
+    bad, owner = [], {}
+    for (op, layer), instrs in sorted(by_stage.items()):
+        pool = plan.pool(op)
+        want = pool + len(instrs) if pool else 0
+        for w, i, ins in instrs:
+            what = where(lists, w, i)
+            if not pool and (ins.pool_counter or ins.pool_claims):
+                bad.append(f"{what}: claims from {_counter(names, ins.pool_counter)}, but {op.name} has no pool")
+            elif pool and ins.pool_claims != want:
+                bad.append(f"{what}: counts {ins.pool_claims} claims a step, where its pool of {pool} tiles and "
+                           f"the stage's {len(instrs)} instructions make {want}")
+            elif pool and (ins.pool_counter <= 0 or ins.pool_counter in waited_or_signalled
+                           or num_counters is not None and ins.pool_counter >= num_counters):
+                bad.append(f"{what}: claims from {_counter(names, ins.pool_counter)}, which is not a counter of "
+                           f"its own (reserved, out of range, or waited on or signalled)")
+            elif pool and owner.setdefault(ins.pool_counter, (op, layer)) != (op, layer):
+                bad.append(f"{what}: claims from {_counter(names, ins.pool_counter)}, which "
+                           f"{owner[ins.pool_counter][0].name} layer {owner[ins.pool_counter][1]} claims from too")
+        if pool and len({ins.pool_counter for _, _, ins in instrs}) > 1:
+            bad.append(f"{op.name} layer {layer}: its instructions claim from different counters, so none "
+                       f"sees the pool run out")
+    _fail("bad pool", bad)
 
 
 # ---------------------------------------------------------------------------------------------

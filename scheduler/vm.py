@@ -12,6 +12,8 @@ next to their references) and the step state are imported when a backend is buil
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .graph import Tape, build_tape
 from .ops import Op, make_plan
 from .validate import run_workers, stuck_report, validate
@@ -33,13 +35,14 @@ class VMBackend:
     """Decode steps of ``mk`` (a ``MegaQwen3``) by interpreting its tape with torch references."""
 
     def __init__(self, mk, num_workers: int | None = 1, strategy: str = "balanced", mode: str = "megakernel",
-                 check: bool = True, **_):
+                 check: bool = True, plan_overrides: dict | None = None, **_):
         from megakernel.backends import StepState
 
         self.mk = mk
         workers = num_workers or 1
-        self.plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers)
-        self.tape: Tape = build_tape(self.plan, workers, strategy=strategy, mode=mode)
+        plan = replace(make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers), **(plan_overrides or {}))
+        self.tape: Tape = build_tape(plan, workers, strategy=strategy, mode=mode)
+        self.plan = self.tape.plan      # a superkernel tape's is without pools
         if check:
             validate(self.tape)
         self.st = StepState.allocate(mk, self.plan)
@@ -51,11 +54,19 @@ class VMBackend:
     def decode(self):
         st, p, kernels = self.st, self.plan, self.kernels
         order = []
+        pools_taken = set()
 
         def execute(ins):
             order.append(ins)
             if ins.op not in (Op.NOOP, Op.BARRIER):
                 kernels[Op(ins.op)](st, p, ins.layer, ins.tile_start, ins.tile_end)
+                pool = p.pool(ins.op)
+                if pool and (ins.op, ins.layer) not in pools_taken:
+                    # the first of the stage's instructions to run claims its whole pool (one of the
+                    # orders the claims can take on a device)
+                    pools_taken.add((ins.op, ins.layer))
+                    n = p.tiles(ins.op)
+                    kernels[Op(ins.op)](st, p, ins.layer, n - pool, n)
 
         lists = self.tape.workers
         pos, signalled, _ = run_workers(lists, self.counters, self.steps, execute)

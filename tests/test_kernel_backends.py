@@ -8,6 +8,7 @@ import torch
 
 from megakernel import MegaQwen3, load_model
 from megakernel.backends import MegakernelError
+from scheduler.ops import Op
 
 from test_reference_vs_hf import assert_same_greedy, hf_greedy, random_prompt, rel_err
 
@@ -153,3 +154,29 @@ def test_step_state_dtypes_and_layout(tiny_checkpoint, dtype):
     assert st.x.dtype == st.opart.dtype == st.ml.dtype == st.logits.dtype == torch.float32
     assert st.qkv.dtype == st.attn.dtype == st.act.dtype == dtype
     _assert_hot_layout([st.x, st.attn, st.sync, st.act, st.qkv])
+
+
+def test_pools_match_reference(tiny_checkpoint, seed):
+    """Stages with pools (their last tiles claimed at run time, scheduler/ops.py) in the O projection,
+    gate/up, down and the LM head give the reference's tokens, over launches of several steps (the
+    claims of step s are counted from the claims of the steps before it) and single steps; the
+    VM, which lets the first instruction take the pool, too."""
+    tiny = tiny_checkpoint(hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16)
+    model = load_model(str(tiny.folder), device="cpu", progress=False)
+    prompt = random_prompt(5, tiny.vocab_size, seed)
+    ref = MegaQwen3(model, max_seq_len=40, backend="reference")
+    full = ref.generate([prompt], max_new_tokens=12)
+    ref.prefill([prompt])
+    want = torch.stack([ref.step() for _ in range(12)], dim=1)
+    pools = dict(R_O=4, R_GU=4, R_DOWN=4, R_LM=8, POOL_O=5, POOL_GU=7, POOL_DOWN=3, POOL_LM=9)
+    mk = MegaQwen3(model, max_seq_len=40, backend="megakernel", plan_overrides=pools)
+    plan = mk.backend.plan
+    assert [plan.pool(op) for op in (Op.OPROJ, Op.GATEUP, Op.DOWN, Op.LMHEAD)] == [5, 7, 3, 9]
+    assert sum(1 for _, _, i in mk.backend.tape.instructions() if i.pool_counter) == 3 * 2 + 1
+    mk.prefill([prompt])
+    got = torch.cat([mk.steps(5, per_launch=5), mk.steps(6, per_launch=3), mk.step()[:, None]], dim=1)
+    assert torch.equal(got, want), f"{got.tolist()} != reference {want.tolist()}"
+    assert rel_err(mk.logits, ref.logits) < 1e-4
+    vm = MegaQwen3(model, max_seq_len=40, backend="vm", plan_overrides=pools)
+    assert vm.backend.plan == plan
+    assert torch.equal(vm.generate([prompt], max_new_tokens=12), full)

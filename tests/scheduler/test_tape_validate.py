@@ -44,8 +44,19 @@ def check_invariants(tape: Tape):
     for _, _, ins in tape.instructions():
         if ins.op != Op.BARRIER:
             seen[(Op(ins.op), ins.layer)].extend(range(ins.tile_start, ins.tile_end))
+    pools = defaultdict(set)
+    for _, _, ins in tape.instructions():
+        if ins.op != Op.BARRIER:
+            pools[(Op(ins.op), ins.layer)].add((ins.pool_counter, ins.pool_claims))
     for s in build_stages(plan):
-        assert sorted(seen.pop((s.op, s.layer))) == list(range(plan.tiles(s.op)))
+        # a pool: the stage's last tiles, claimed at run time by all of its instructions
+        pool, n = plan.pool(s.op), plan.tiles(s.op)
+        assert sorted(seen.pop((s.op, s.layer))) == list(range(n - pool))
+        claims = pools[(s.op, s.layer)]
+        instrs = sum(1 for _, _, i in tape.instructions() if (i.op, i.layer) == (s.op, s.layer))
+        assert claims == ({(claims.copy().pop()[0], pool + instrs)} if pool else {(0, 0)})
+        if pool:
+            assert tape.mode == "megakernel" and 0 < next(iter(claims))[0] < tape.num_counters
     assert not seen
     # each worker's list in stage order, so a wait only names an earlier stage
     rank = stage_rank(plan)
@@ -403,3 +414,72 @@ def test_one_piece_per_worker_where_segments_allow(size, workers):
                 # no cut of these segments into at most `workers` pieces has a smaller largest piece
                 best = next(c for c in range(1, max(sizes) + 1) if sum(-(-n // c) for n in sizes) <= workers)
                 assert max(max(v) for v in held.values()) == best, (stage.op.name, best)
+
+
+@pytest.mark.parametrize("size", list(PRESETS))
+@pytest.mark.parametrize("workers", [264, 132])
+def test_pools_where_workers_stream_several_tiles(size, workers):
+    """At batch 1, where gate/up streams at least POOL_MIN_BYTES a worker (8b, 14b, 32b at 264
+    workers; bench/NOTES.md 58), a GEMV stage (not QKV, whose tiles attention waits on by kv group)
+    whose tiles give every worker at least POOL_MIN_TILES leaves 1 / POOL_DIV of them to a pool;
+    smaller models, batches and superkernel tapes have none. The tape's instructions of a pooled
+    stage claim from one counter of their own, counting the pool plus one claim each a step."""
+    from scheduler.ops import POOL_DIV, POOL_MIN_BYTES, POOL_MIN_TILES, cost, without_pools
+    plan = make_plan(PRESETS[size], 1, 392, workers)
+    pooled = cost(plan, Op.GATEUP, plan.tiles(Op.GATEUP)) >= POOL_MIN_BYTES * workers
+    assert pooled == (size in ("8b", "14b", "32b") or (size, workers) == ("4b", 132))
+    for op in (Op.OPROJ, Op.GATEUP, Op.DOWN, Op.LMHEAD):
+        n = plan.tiles(op)
+        assert plan.pool(op) == (n // POOL_DIV if pooled and n >= POOL_MIN_TILES * workers else 0), op.name
+    assert plan.pool(Op.QKV) == 0 and (plan.POOL_LM > 0) == pooled
+    assert not any(make_plan(PRESETS[size], 2, 392, workers).pool(op) for op in Op)
+    if (size, workers) == ("14b", 264):     # pools in every stage but QKV (other presets: test_preset_tapes_validate)
+        assert all(plan.pool(op) for op in (Op.OPROJ, Op.GATEUP, Op.DOWN, Op.LMHEAD))
+        check_invariants(build_tape(plan, workers))
+        sk = build_tape(plan, workers, mode="superkernel")
+        assert sk.plan == without_pools(plan)
+        assert all(i.pool_counter == i.pool_claims == 0 for _, _, i in sk.instructions())
+
+
+@pytest.fixture
+def pooled():
+    """A tape with pools in the O projection and the LM head (2 workers)."""
+    plan = dataclasses.replace(make_plan(TINY["g5"], 1, 64, 2), R_O=8, POOL_O=5, POOL_GU=0, POOL_DOWN=0, POOL_LM=3)
+    tape = build_tape(plan, 2, "round-robin", "megakernel")
+    check_invariants(tape)
+    return tape
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda ins, t: dict(pool_claims=ins.pool_claims + 1), "where its pool of 5 tiles and the stage's 2 "
+                                                            "instructions make 7"),
+    (lambda ins, t: dict(pool_counter=ins.signal_counter), "not a counter of its own"),
+    (lambda ins, t: dict(tile_end=t.plan.tiles(Op.OPROJ)), "which are its pool's"),
+])
+def test_bad_pool(pooled, change, fragment):
+    L = lists_of(pooled)
+    w, i = first(L, Op.OPROJ, layer=1, worker=1)
+    L[w][i] = dataclasses.replace(L[w][i], **change(L[w][i], pooled))
+    rejects(L, pooled, fragment)
+
+
+def test_pool_counter_out_of_range(pooled):
+    L = lists_of(pooled)
+    for w, lst in enumerate(L):
+        L[w] = [dataclasses.replace(i, pool_counter=pooled.num_counters) if i.op == Op.OPROJ and i.layer == 1 else i
+                for i in lst]
+    with pytest.raises(TapeError, match="OPROJ layer 1.*not a counter of its own .reserved, out of range"):
+        validate(dataclasses.replace(pooled, workers=L))
+
+
+def test_pool_fields_where_no_pool_or_shared(pooled):
+    L = lists_of(pooled)
+    w, i = first(L, Op.GATEUP, worker=0)
+    o = L[w][first(L, Op.OPROJ, worker=0)[1]]
+    L[w][i] = dataclasses.replace(L[w][i], pool_counter=o.pool_counter, pool_claims=o.pool_claims)
+    rejects(L, pooled, f"worker {w} position {i}", "but GATEUP has no pool")
+    L = lists_of(pooled)
+    w, i = first(L, Op.OPROJ, layer=1, worker=0)
+    o = L[w][first(L, Op.OPROJ, layer=0, worker=0)[1]]
+    L[w][i] = dataclasses.replace(L[w][i], pool_counter=o.pool_counter)
+    rejects(L, pooled, "which OPROJ layer 0 claims from too")
