@@ -141,9 +141,6 @@ class Tape:
             for i, ins in enumerate(lst):
                 yield w, i, ins
 
-    def worker_cost(self, w: int) -> int:
-        return sum(cost(self.plan, Op(i.op), i.ntiles) for i in self.workers[w])
-
 
 STRATEGIES = ("round-robin", "balanced")
 MODES = ("megakernel", "superkernel")
