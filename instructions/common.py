@@ -277,6 +277,19 @@ def claimed(c, base, NT: tl.constexpr, POOL: tl.constexpr):
 
 
 @triton.jit
+def next_tile(t, t1, c, claims_ptr, claims_base, NT: tl.constexpr, POOL: tl.constexpr):
+    """(the tile after t in a pooled loop, the pending claim): t + 1 within the instruction's own
+    tiles [.., t1), then the pool tile ``claim`` got, whose successor is asked for at once; NT once
+    the pool has run out."""
+    nt = t + 1
+    if nt >= t1:
+        nt = claimed(c, claims_base, NT, POOL)
+        if nt < NT:
+            c = claim(claims_ptr)
+    return nt, c
+
+
+@triton.jit
 def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
               B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
               NORM: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr,
@@ -314,11 +327,7 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, tar
     if POOL > 0:
         t = t0
         while t < NT:
-            nt = t + 1
-            if nt >= t1:                # past the instruction's own tiles: the claimed pool tile
-                nt = claimed(c, claims_base, NT, POOL)
-                if nt < NT:
-                    c = claim(claims_ptr)
+            nt, c = next_tile(t, t1, c, claims_ptr, claims_base, NT, POOL)
             w_next = load_w(w_ptr, nt * R, row_end, K, 0, R, BK)      # nothing past the last row
             key = gemv_rows(t, w0, xn0, rstd, row_end, w_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_ptr,
                             B, N, K, R, BK, NORM, EPI, t == t0, tr, TRACE)

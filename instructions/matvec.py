@@ -17,7 +17,7 @@ import triton.language as tl
 from scheduler.ops import Op
 
 from .common import (ARGMAX, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, batch_mask, batch_rows, claim,
-                     claimed, dot_rows2, gemv_tile, load_nw, load_w, load_xn, stamp, wait_counter)
+                     dot_rows2, gemv_tile, load_nw, load_w, load_xn, next_tile, stamp, wait_counter)
 
 
 @triton.jit
@@ -61,11 +61,7 @@ def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_p
     if POOL > 0:
         t = t0
         while t < NT:
-            nt = t + 1
-            if nt >= t1:
-                nt = claimed(c, claims_base, NT, POOL)
-                if nt < NT:
-                    c = claim(claims_ptr)
+            nt, c = next_tile(t, t1, c, claims_ptr, claims_base, NT, POOL)
             g_next = load_w(g_ptr, nt * R, row_end, H, 0, R, BK)
             u_next = load_w(u_ptr, nt * R, row_end, H, 0, R, BK)
             _gateup_rows(t, g0, u0, xn0, rstd, row_end, g_ptr, u_ptr, x_ptr, nw_ptr, nw0, act_ptr, eps, B, H, I,

@@ -131,8 +131,8 @@ class Plan:
 
     def pool(self, op: Op) -> int:
         """Tiles of ``op``'s pool (its last ones), 0 where it has none."""
-        return {Op.OPROJ: self.POOL_O, Op.GATEUP: self.POOL_GU, Op.DOWN: self.POOL_DOWN,
-                Op.LMHEAD: self.POOL_LM}.get(Op(op), 0)
+        field = POOL_FIELDS.get(Op(op))
+        return getattr(self, field) if field else 0
 
     @property
     def QKV_ROWS(self) -> int:
@@ -178,6 +178,7 @@ MAX_BK = 4096
 # Pools (module doc): in a plan whose gate/up stage streams at least POOL_MIN_BYTES of weights a
 # worker at batch 1, a stage whose tiles give every worker at least POOL_MIN_TILES leaves
 # 1 / POOL_DIV of them to a pool.
+POOL_FIELDS = {Op.OPROJ: "POOL_O", Op.GATEUP: "POOL_GU", Op.DOWN: "POOL_DOWN", Op.LMHEAD: "POOL_LM"}
 POOL_MIN_BYTES = 512 * 1024
 POOL_MIN_TILES = 4
 POOL_DIV = 5
@@ -286,20 +287,15 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         # Where the layers are short (gate/up under 512 KB a worker) the pools' code costs more
         # than their tails: 0.6b (the LM head's alone) 0.733 -> 0.738, 1.7b 1.48 -> 1.50, 4b 3.19 ->
         # 3.22 (bench/NOTES.md 58)
-        pools = {}
-        for op, field in ((Op.OPROJ, "POOL_O"), (Op.GATEUP, "POOL_GU"), (Op.DOWN, "POOL_DOWN"),
-                          (Op.LMHEAD, "POOL_LM")):
-            n = plan.tiles(op)
-            if n >= POOL_MIN_TILES * workers:
-                pools[field] = min(n // POOL_DIV, MAX_POOL_CLAIMS - workers)
-        plan = replace(plan, **pools)
+        plan = replace(plan, **{field: min(plan.tiles(op) // POOL_DIV, MAX_POOL_CLAIMS - workers)
+                                for op, field in POOL_FIELDS.items() if plan.tiles(op) >= POOL_MIN_TILES * workers})
     return plan
 
 
 def without_pools(plan: Plan) -> Plan:
     """The plan with every stage's tiles in its instructions (a superkernel tape has no counters to
     claim from)."""
-    return replace(plan, POOL_O=0, POOL_GU=0, POOL_DOWN=0, POOL_LM=0)
+    return replace(plan, **dict.fromkeys(POOL_FIELDS.values(), 0))
 
 
 def cost(plan: Plan, op: Op, ntiles: int, itemsize: int = 2) -> int:
