@@ -6,7 +6,12 @@ position p = lengths[b], and attends over split s of positions [0, p]. The split
 the current length at run time (``chunk = ceil(ceil((p+1)/NSPLIT)/BLOCK_S)*BLOCK_S``), so the
 tape never changes while short contexts use few splits and long ones spread over every worker.
 The split holding p appends the new k and v to the cache and attends to them from registers;
-every other position comes from the cache, whose first block is loaded before the wait.
+every other position comes from the cache, whose first block is loaded before the wait. With the
+plan's ATTN_NEW, split 0 holds p alone and splits 1.. cut the cached positions [0, p) (``chunk``
+from p over NSPLIT - 1): at a short context each cached split is one block loaded before the wait,
+and the new token's norm, RoPE, append and score no longer run after a block's math in the same
+split, which had made that split its group's last to finish (H100, 0.6b: 0.734 -> 0.731 ms/token,
+bench/NOTES.md 59; ``make_plan`` sets it where the layers are short and the context too).
 Outputs per head: the unnormalised o [D], the running max m and sum l; the last split of
 (b, g) to finish combines them into ``attn`` (``reduce.py``). With one split (NSPLIT 1: a short
 max_seq_len, or a batch of more than workers / kv heads / 2 sequences) the tile writes o / l into
@@ -56,19 +61,45 @@ def _kv_block(kc_ptr, vc_ptr, coff, start, kv_end, dd, dmask, D: tl.constexpr, B
 
 @triton.jit
 def _split_range(t, layer, lengths_ptr, step, B: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
-                 NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr):
+                 NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, NEW: tl.constexpr):
     """Tile t's split: where it starts, where its cached positions end (the new one is not
     cached yet), the cache offset of its (b, g), the new position (the split is empty this step
-    when it starts after it) and the split length this step. ``step``: the step within the launch
-    (lengths advance only at the launch's end)."""
+    when it starts after it; with NEW, split 0 starts at it) and the split length this step.
+    ``step``: the step within the launch (lengths advance only at the launch's end)."""
     g = (t // NSPLIT) % HKV
     b = t // (NSPLIT * HKV)
     pos = tl.load(lengths_ptr + b) + step
-    chunk = tl.cdiv(tl.cdiv(pos + 1, NSPLIT), BLOCK_S) * BLOCK_S
-    lo = (t % NSPLIT) * chunk
-    kv_end = tl.minimum(lo + chunk, pos)
+    if NEW:
+        # split 0: the new position alone; splits 1..: the cached positions [0, pos) (at least a
+        # block each, so that pos 0 divides by nothing)
+        chunk = tl.maximum(tl.cdiv(tl.cdiv(pos, NSPLIT - 1), BLOCK_S) * BLOCK_S, BLOCK_S)
+        s = t % NSPLIT
+        lo = tl.where(s == 0, pos, (s - 1) * chunk)
+        kv_end = tl.where(s == 0, pos, tl.minimum(lo + chunk, pos))
+    else:
+        chunk = tl.cdiv(tl.cdiv(pos + 1, NSPLIT), BLOCK_S) * BLOCK_S
+        lo = (t % NSPLIT) * chunk
+        kv_end = tl.minimum(lo + chunk, pos)
     coff = ((layer * B + b) * HKV + g).to(tl.int64) * (S * D)
     return lo, kv_end, coff, pos, chunk
+
+
+@triton.jit
+def _active(t, lo, pos, NSPLIT: tl.constexpr, NEW: tl.constexpr):
+    """Whether split t holds a position this step (an empty one only takes its ticket)."""
+    if NEW:
+        return (lo < pos) | (t % NSPLIT == 0)
+    else:
+        return lo <= pos
+
+
+@triton.jit
+def _n_active(pos, chunk, NSPLIT: tl.constexpr, NEW: tl.constexpr):
+    """The splits holding positions this step: the first n_act."""
+    if NEW:
+        return 1 + tl.cdiv(pos, chunk)
+    else:
+        return tl.cdiv(pos + 1, chunk)
 
 
 @triton.jit
@@ -98,18 +129,19 @@ def _attend(qd, kt, vt, valid, m, l, acc, scale, DOT: tl.constexpr):
 def _split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr, tickets_ptr,
            attn_ptr, eps, inv_freq, qn, qn_p, kn, kn_p, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
            NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, W: tl.constexpr, D_PAD: tl.constexpr,
-           G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr, tr, TRACE: tl.constexpr):
+           G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr, NEW: tl.constexpr, tr,
+           TRACE: tl.constexpr):
     """Tile t = split s of (b, g), given the first block (kt, vt) of its cached positions
     [lo, kv_end) (all masked when the split has none), walked in blocks of W positions. A split
     past the current length has no positions this step: it only takes its ticket (and combines if
     it is the last). (lo, kv_end, coff, pos, chunk) come from ``_split_range``."""
     g = (t // NSPLIT) % HKV
     b = t // (NSPLIT * HKV)
-    n_act = tl.cdiv(pos + 1, chunk)          # splits holding positions this step: s < n_act
-    if lo <= pos:
+    n_act = _n_active(pos, chunk, NSPLIT, NEW)    # splits holding positions this step: s < n_act
+    if _active(t, lo, pos, NSPLIT, NEW):
         _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr, eps,
                       inv_freq, qn, qn_p, kn, kn_p, D, HQ, HKV, NSPLIT, BLOCK_S, W, D_PAD, G_PAD, NSTAGE,
-                      tr, TRACE, attn_ptr)
+                      NEW, tr, TRACE, attn_ptr)
     if NSPLIT > 1:
         # publish the partial (an empty split has none), take a ticket; the last split of this step
         # combines the active ones (one split holds every position and wrote its output itself)
@@ -124,7 +156,7 @@ def _split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opa
 def _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr, eps,
                   inv_freq, qn, qn_p, kn, kn_p, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                   NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, W: tl.constexpr, D_PAD: tl.constexpr,
-                  G_PAD: tl.constexpr, NSTAGE: tl.constexpr, tr, TRACE: tl.constexpr, attn_ptr):
+                  G_PAD: tl.constexpr, NSTAGE: tl.constexpr, NEW: tl.constexpr, tr, TRACE: tl.constexpr, attn_ptr):
     """The partial (o, m, l) of active split t: norm and RoPE of its q (and of k for the split
     holding the new position, which appends k and v to the cache), then its positions
     [lo, min(lo + chunk, pos + 1)). With one split, the normalised output o / l into ``attn``."""
@@ -171,13 +203,19 @@ def _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_p
     m = tl.full([QM], float("-inf"), tl.float32)
     l = tl.zeros([QM], tl.float32)
     acc = tl.zeros([QM, D_PAD], tl.float32)
-    m, l, acc = _attend(qd, kt, vt, lo + tl.arange(0, W) < kv_end, m, l, acc, scale, DOT)
+    if NEW:
+        newtok = s == 0
+        if lo < kv_end:     # split 0 has no cached positions: no block math at all
+            m, l, acc = _attend(qd, kt, vt, lo + tl.arange(0, W) < kv_end, m, l, acc, scale, DOT)
+    else:
+        newtok = (pos >= lo) & (pos < hi)
+        m, l, acc = _attend(qd, kt, vt, lo + tl.arange(0, W) < kv_end, m, l, acc, scale, DOT)
     # the rest of the split: the software pipeline issues the loads of the next NSTAGE - 1
     # blocks before this block's math (double buffering, in shared memory)
     for start in tl.range(lo + W, kv_end, W, num_stages=NSTAGE):
         kb_s, vb_s = _kv_block(kc_ptr, vc_ptr, coff, start, kv_end, dd, dmask, D, W)
         m, l, acc = _attend(qd, kb_s, vb_s, start + tl.arange(0, W) < kv_end, m, l, acc, scale, DOT)
-    if (pos >= lo) & (pos < hi):
+    if newtok:
         # the new token: append its key and value, and attend to it from registers
         kr = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / D + eps)
         k_new = ((k * kr * kn) * cos + sign * (kp * kr * kn_p) * sin).to(kc_ptr.dtype.element_ty)
@@ -209,8 +247,8 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
               opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt_ptr, target,
               B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
               NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
-              NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, tr,
-              TRACE: tl.constexpr):
+              NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr, NEW: tl.constexpr, WAIT: tl.constexpr,
+              SPIN: tl.constexpr, tr, TRACE: tl.constexpr):
     HALF: tl.constexpr = D // 2
     # positions per block walked: a split (a multiple of BLOCK_S) is a whole number of them
     W_VEC: tl.constexpr = VEC_ELEMS // (G_PAD * D_PAD) if VEC_ELEMS >= G_PAD * D_PAD else 1
@@ -230,21 +268,21 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
     kn_p = tl.load(kn_ptr + layer * D + pd, mask=dmask, other=0.0).to(tl.float32)
     # The first tile's first KV block is loaded before the wait: positions before the new one
     # were written by earlier steps, so like weights they never wait on this step's producers.
-    lo, kv_end, coff, pos, chunk = _split_range(t0, layer, lengths_ptr, step, B, D, HKV, S, NSPLIT, BLOCK_S)
+    lo, kv_end, coff, pos, chunk = _split_range(t0, layer, lengths_ptr, step, B, D, HKV, S, NSPLIT, BLOCK_S, NEW)
     kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
     seen = target
     if WAIT:
         # an empty split reads nothing of this step's (it only takes its ticket): no wait
-        if (t1 - t0 > 1) | (lo <= pos):
+        if (t1 - t0 > 1) | _active(t0, lo, pos, NSPLIT, NEW):
             seen = wait_counter(cnt_ptr, target, SPIN)
     stamp(tr, T_WAITED, seen, TRACE)
     for t in range(t0, t1):
         if t > t0:
-            lo, kv_end, coff, pos, chunk = _split_range(t, layer, lengths_ptr, step, B, D, HKV, S, NSPLIT, BLOCK_S)
+            lo, kv_end, coff, pos, chunk = _split_range(t, layer, lengths_ptr, step, B, D, HKV, S, NSPLIT, BLOCK_S, NEW)
             kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
         _split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr,
                tickets_ptr, attn_ptr, eps, inv_freq, qn, qn_p, kn, kn_p, D, HQ, HKV, NSPLIT, BLOCK_S, W, D_PAD,
-               G_PAD, NSPLIT_PAD, STAGES, tr, TRACE)
+               G_PAD, NSPLIT_PAD, STAGES, NEW, tr, TRACE)
         # the block is dead once attended: carrying it to the next tile would hold its registers
         # through this whole tile
         kt = tl.zeros_like(kt)
@@ -256,11 +294,11 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
 def attn_kernel(layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr,
                 tickets_ptr, attn_ptr, eps, B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                 S: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr,
-                G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr):
+                G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr, NEW: tl.constexpr):
     pid = tl.program_id(0)
     attn_tile(pid, pid + 1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, 0, kc_ptr, vc_ptr,
               opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, lengths_ptr, 0, B, D, HQ, HKV, S, NSPLIT, BLOCK_S,
-              D_PAD, G_PAD, NSPLIT_PAD, NSTAGE, False, 0, lengths_ptr, False)
+              D_PAD, G_PAD, NSPLIT_PAD, NSTAGE, NEW, False, 0, lengths_ptr, False)
 
 
 def attention(st, p, layer):
@@ -268,7 +306,7 @@ def attention(st, p, layer):
         layer, st.qkv, st.w.q_norm, st.w.k_norm, st.inv_freq, st.lengths, st.k_cache, st.v_cache,
         st.opart, st.ml, st.tickets, st.attn, st.eps, B=p.B, D=p.D, HQ=p.HQ, HKV=p.HKV, S=p.S, NSPLIT=p.NSPLIT,
         BLOCK_S=p.BLOCK_S, D_PAD=p.D_PAD, G_PAD=p.G_PAD, NSPLIT_PAD=p.NSPLIT_PAD, NSTAGE=p.KV_STAGES,
-        num_warps=st.num_warps)
+        NEW=p.ATTN_NEW, num_warps=st.num_warps)
 
 
 def attention_ref(st, p, layer, t0, t1):
@@ -287,13 +325,19 @@ def attention_ref(st, p, layer, t0, t1):
         v = row[(p.HQ + p.HKV) * D + g * D:(p.HQ + p.HKV) * D + (g + 1) * D]
         q = apply_rope(rmsnorm(q, st.w.q_norm[layer].float(), st.eps), cos, sin)
         k = apply_rope(rmsnorm(k, st.w.k_norm[layer].float(), st.eps), cos, sin)[0]
-        chunk = -(-(-(-(pos + 1) // p.NSPLIT)) // p.BLOCK_S) * p.BLOCK_S
-        lo, hi = s * chunk, min(s * chunk + chunk, pos + 1)
+        if p.ATTN_NEW:    # split 0 the new position, splits 1.. the cache
+            chunk = max(-(-(-(-pos // (p.NSPLIT - 1))) // p.BLOCK_S) * p.BLOCK_S, p.BLOCK_S)
+            lo, hi = (pos, pos + 1) if s == 0 else ((s - 1) * chunk, min(s * chunk, pos))
+            n_act = 1 + -(-pos // chunk)
+        else:
+            chunk = -(-(-(-(pos + 1) // p.NSPLIT)) // p.BLOCK_S) * p.BLOCK_S
+            lo, hi = s * chunk, min(s * chunk + chunk, pos + 1)
+            n_act = -(-(pos + 1) // chunk)
         if lo <= pos < hi:
             st.k_cache[layer, b, g, pos] = k.to(st.k_cache.dtype)
             st.v_cache[layer, b, g, pos] = v.to(st.v_cache.dtype)
         rows = (b * p.HQ + g * G + torch.arange(G)) * p.NSPLIT + s
-        if lo <= pos:       # an empty split stores no partial
+        if lo < hi:       # an empty split stores no partial
             kk = st.k_cache[layer, b, g, lo:hi].float()
             vv = st.v_cache[layer, b, g, lo:hi].float()
             sc = (q @ kk.T) * D ** -0.5                       # [G, n]
@@ -306,4 +350,4 @@ def attention_ref(st, p, layer, t0, t1):
             continue
         st.tickets[b * p.HKV + g] += 1
         if int(st.tickets[b * p.HKV + g]) % p.NSPLIT == 0:
-            reduce_ref(st, p, b, g, -(-(pos + 1) // chunk))
+            reduce_ref(st, p, b, g, n_act)

@@ -73,7 +73,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                R_QKV: tl.constexpr, R_O: tl.constexpr, R_GU: tl.constexpr, R_DOWN: tl.constexpr,
                R_LM: tl.constexpr, BK_H: tl.constexpr, BK_Q: tl.constexpr, BK_I: tl.constexpr,
                NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
-               NSPLIT_PAD: tl.constexpr, KV_STAGES: tl.constexpr, BATCHED: tl.constexpr,
+               NSPLIT_PAD: tl.constexpr, KV_STAGES: tl.constexpr, ATTN_NEW: tl.constexpr, BATCHED: tl.constexpr,
                POOL_O: tl.constexpr, POOL_GU: tl.constexpr, POOL_DOWN: tl.constexpr, POOL_LM: tl.constexpr,
                SPIN: tl.constexpr, TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr):
     pid = tl.program_id(0)
@@ -131,7 +131,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
             elif op == OP_ATTN:
                 seen = attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, s, kc_ptr, vc_ptr,
                                  opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt, target, B, D, HQ, HKV, S, NSPLIT,
-                                 BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, True, SPIN, tr, TRACE)
+                                 BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, ATTN_NEW, True, SPIN, tr, TRACE)
             elif op == OP_OPROJ:
                 seen = residual_tile(t0, t1, layer, attn_ptr, wo_ptr, x_ptr, cnt, target, B, H, HQ * D, R_O,
                                      BK_Q, True, SPIN, BATCHED, tr, TRACE, POOL_O, claims, claims_base)

@@ -123,11 +123,17 @@ class Plan:
     D_PAD: int
     G_PAD: int
     KV_STAGES: int = 3  # attention's software pipeline over KV blocks (KV_STAGES - 1 in flight; 1: none)
+    ATTN_NEW: int = 0   # 1: attention's split 0 holds the new position alone, splits 1.. the cache
     BATCHED: int = 0    # GEMV tiles read weights once for all B rows (1) or loop over the sequences (0)
     POOL_O: int = 0     # the stage's last tiles claimed at run time (module doc; 0: none)
     POOL_GU: int = 0
     POOL_DOWN: int = 0
     POOL_LM: int = 0
+
+    def __post_init__(self):
+        if self.ATTN_NEW and self.NSPLIT < 2:
+            raise ValueError(f"ATTN_NEW=1 needs NSPLIT >= 2 (split 0 holds the new position, the others the "
+                             f"cache), not {self.NSPLIT}: set ATTN_NEW=0 with one split")
 
     def pool(self, op: Op) -> int:
         """Tiles of ``op``'s pool (its last ones), 0 where it has none."""
@@ -182,6 +188,9 @@ POOL_FIELDS = {Op.OPROJ: "POOL_O", Op.GATEUP: "POOL_GU", Op.DOWN: "POOL_DOWN", O
 POOL_MIN_BYTES = 512 * 1024
 POOL_MIN_TILES = 4
 POOL_DIV = 5
+# Attention's new position gets a split of its own (ATTN_NEW) only where a layer's weights are
+# under this many bytes a worker (0.6b: 119 KB at 264 workers; 1.7b: 380 KB).
+ATTN_NEW_MAX_BYTES = 256 * 1024
 
 
 def _block_k(K: int, max_bk: int = MAX_BK) -> int:
@@ -289,6 +298,15 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         # 3.22 (bench/NOTES.md 58)
         plan = replace(plan, **{field: min(plan.tiles(op) // POOL_DIV, MAX_POOL_CLAIMS - workers)
                                 for op, field in POOL_FIELDS.items() if plan.tiles(op) >= POOL_MIN_TILES * workers})
+    layer_bytes = sum(cost(plan, op, plan.tiles(op)) for op in (Op.QKV, Op.OPROJ, Op.GATEUP, Op.DOWN))
+    if nsplit > 1 and _cdiv(max_seq_len, nsplit - 1) <= block_s and layer_bytes < ATTN_NEW_MAX_BYTES * workers:
+        # Split 0 takes the new position alone (instructions/attention.py), so its norm, RoPE,
+        # append and score run beside the cached blocks' math, not after one: where every cached
+        # split is still one block with one split fewer for them, and the layers are short enough
+        # for attention's stage to count (H100: 0.6b 0.734 -> 0.731 ms; 1.7b and 4b 0.1-0.3% slower,
+        # their register allocation, bench/NOTES.md 59). A longer context keeps all NSPLIT splits
+        # for the cache, whose blocks then dwarf the new token.
+        plan = replace(plan, ATTN_NEW=1)
     return plan
 
 

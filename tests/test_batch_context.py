@@ -57,18 +57,25 @@ def test_tensor_core_batch_equals_each_sequence_alone(tiny_checkpoint, seed):
         assert torch.equal(batch[b], alone[0]), f"sequence {b}: batch {batch[b].tolist()} alone {alone[0].tolist()}"
 
 
-@pytest.mark.parametrize("backend,nsplit,block_s,dot", [
-    ("megakernel", 5, 16, True),     # 5 splits of 4 blocks; one worker runs all tiles as one instruction
-    ("per-op", 8, 32, True),         # 5 busy splits of 2 blocks, 3 empty ones; one program per tile
-    ("megakernel", 4, 64, True),     # the tiny model's default block: 1 or 2 blocks per split
-    ("megakernel", 4, 64, False),    # Ascend's vector-unit products, walked in 16-position blocks
-    ("megakernel", 1, 64, True),     # one split walks all 5 blocks and normalises its own output
-    ("per-op", 1, 32, True),
+@pytest.mark.parametrize("backend,nsplit,block_s,dot,new", [
+    ("megakernel", 5, 16, True, 0),     # 5 splits of 4 blocks; one worker runs all tiles as one instruction
+    ("per-op", 8, 32, True, 0),         # 5 busy splits of 2 blocks, 3 empty ones; one program per tile
+    ("megakernel", 4, 64, True, 0),     # the tiny model's default block: 1 or 2 blocks per split
+    ("megakernel", 4, 64, False, 0),    # Ascend's vector-unit products, walked in 16-position blocks
+    ("megakernel", 1, 64, True, 0),     # one split walks all 5 blocks and normalises its own output
+    ("per-op", 1, 32, True, 0),
+    # split 0 holds the new position alone (ATTN_NEW): 4 cached splits of 5 blocks; 5 busy of 2
+    # (the last partly masked) and 2 empty; the VM's reference tiles cut them alike
+    ("megakernel", 5, 16, True, 1),
+    ("per-op", 8, 32, True, 1),
+    ("vm", 5, 16, True, 1),
+    ("megakernel", 4, 64, False, 1),
 ])
-def test_long_context_split_attention(tiny_checkpoint, seed, monkeypatch, backend, nsplit, block_s, dot):
+def test_long_context_split_attention(tiny_checkpoint, seed, monkeypatch, backend, nsplit, block_s, dot, new):
     """A 300-token prompt on a hidden-64 model: attention cut into splits of several KV blocks
-    (full, partly masked and empty ones; the new token in the last busy split), combined by the
-    last split to finish (two splits at a time, as a GPU's 32 do), against the reference."""
+    (full, partly masked and empty ones; the new token in the last busy split, or with ATTN_NEW in
+    split 0 alone), combined by the last split to finish (two splits at a time, as a GPU's 32 do),
+    against the reference."""
     import triton.language as tl
 
     import instructions.attention as attention
@@ -82,7 +89,7 @@ def test_long_context_split_attention(tiny_checkpoint, seed, monkeypatch, backen
     prompt = random_prompt(300, tiny.vocab_size, seed)
     ref = MegaQwen3(model, max_seq_len=320, backend="reference")
     mk = MegaQwen3(model, max_seq_len=320, backend=backend,
-                   plan_overrides={"NSPLIT": nsplit, "BLOCK_S": block_s})
+                   plan_overrides={"NSPLIT": nsplit, "BLOCK_S": block_s, "ATTN_NEW": new})
     want = ref.generate([prompt], max_new_tokens=4)
     got = mk.generate([prompt], max_new_tokens=4)
     assert torch.equal(got, want)

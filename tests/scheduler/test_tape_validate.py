@@ -441,6 +441,29 @@ def test_pools_where_workers_stream_several_tiles(size, workers):
         assert all(i.pool_counter == i.pool_claims == 0 for _, _, i in sk.instructions())
 
 
+@pytest.mark.parametrize("size", list(PRESETS))
+@pytest.mark.parametrize("workers", [264, 132])
+def test_new_position_split_at_short_contexts(size, workers):
+    """Attention's split 0 holds the new position alone (ATTN_NEW) where a layer's weights are under
+    ATTN_NEW_MAX_BYTES a worker (0.6b only) and every cached split, cut over NSPLIT - 1 splits, is
+    still one block at max_seq_len (bench/NOTES.md 59): the recorded runs' 392 at batch 1, and 2 at
+    264 workers; not at 1024 (32 splits: 1024 / 31 > 32 positions), nor where a batch leaves few
+    splits (batch 2 at 132 workers: 8), nor with one split, which a plan refuses to combine with it."""
+    from scheduler.ops import ATTN_NEW_MAX_BYTES, cost
+    cfg = PRESETS[size]
+    small = size == "0.6b"
+    for batch, seq, want in ((1, 392, small), (2, 392, small and workers == 264), (1, 1024, False), (8, 392, False),
+                             (1, 32, False)):
+        plan = make_plan(cfg, batch, seq, workers)
+        assert plan.ATTN_NEW == want, (batch, seq, plan.NSPLIT)
+        if batch == 1 and seq == 392:
+            layer = sum(cost(plan, op, plan.tiles(op)) for op in (Op.QKV, Op.OPROJ, Op.GATEUP, Op.DOWN))
+            assert (layer < ATTN_NEW_MAX_BYTES * workers) == small
+            assert -(-seq // (plan.NSPLIT - 1)) <= plan.BLOCK_S
+    with pytest.raises(ValueError, match="ATTN_NEW=1 needs NSPLIT >= 2"):
+        dataclasses.replace(make_plan(cfg, 1, 392, workers), ATTN_NEW=1, NSPLIT=1)
+
+
 @pytest.fixture
 def pooled():
     """A tape with pools in the O projection and the LM head (2 workers)."""
