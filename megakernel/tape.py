@@ -77,7 +77,7 @@ def summary(cfg: Qwen3Config, workers: int, strategy: str, mode: str, batch_size
         stage_n[(ins.op, ins.layer)] += 1
 
     def instr_cost(ins) -> float:
-        pool = plan.pool(ins.op) if ins.op != Op.BARRIER else 0
+        pool = plan.pool(ins.op)
         return cost(plan, Op(ins.op), ins.ntiles) + (cost(plan, Op(ins.op), pool) / stage_n[(ins.op, ins.layer)]
                                                      if pool else 0)
 
