@@ -2,7 +2,7 @@
 
     python3 bench/gpu_smoke.py [--steps 64] [--prompt-len 128]
 
-A backend is ``name[:key=value...]``: nw / wps / bk / trace / st (strategy) are backend options,
+A backend is ``name[:key=value...]``: nw / wps / bk / workers / trace / st (strategy) are backend options,
 ``spl=K`` times launches of K steps (ms per token = launch time / K), any other key a plan field.
 ``trace=1`` stamps every GEMV tile's math, ``trace=2`` (light) only what happens once an
 instruction: start, wait, input, end (``instructions.common``, TRACE).
@@ -39,7 +39,7 @@ for be in args.backends.split(","):
     try:
         t = time.time()
         name, *kv = be.split(":")
-        keys = {"nw": "num_warps", "wps": "workers_per_sm", "bk": "max_bk"}
+        keys = {"nw": "num_warps", "wps": "workers_per_sm", "bk": "max_bk", "workers": "num_workers"}
         keys["trace"] = "trace"
         spl = int(dict(x.split("=") for x in kv).get("spl", 1))    # steps per launch (greedy megakernel)
         kv = [x for x in kv if not x.startswith("spl=")]

@@ -230,6 +230,9 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
     # dot operands, not the bytes in flight: 64 costs the megakernel spills
     # (python -m megakernel.compile_check --set BLOCK_S=64)
     block_s = max(16, min(64, _pow2_floor(4096 // d_pad)))
+    # Short layers (weights under ATTN_NEW_MAX_BYTES a worker: 0.6b's 119 KB at 264 workers, 1.7b's
+    # 380 KB), where attention's stage is a large share of the layer
+    short = (qkv_rows * H + H * cfg.q_size + 3 * I * H) * 2 < ATTN_NEW_MAX_BYTES * workers
     if nsplit is None:
         # One attention tile per worker at most: with every worker busy at a long context, more
         # splits would only give a worker two tiles in a row (the tape is static), each with its
@@ -237,9 +240,13 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         # workers and 8 kv heads (33 works too, but cost the megakernel 40 more bytes of spills
         # on Triton 3.6 in compile_check). Splits are cut at run time from the current length,
         # so at a short context the later ones are empty; never more splits than blocks at
-        # max_seq_len.
+        # max_seq_len, except for short layers at batch 1, where every worker holding a split,
+        # most of them empty, measured faster (H100, 0.6b at max_seq_len 392, the same one-block
+        # cuts: 32 splits 0.723-0.726 ms against 16's 0.729-0.735; not at 1.7b, +0.7%, or 8b,
+        # +1.5%: their spills; bench/NOTES.md 61)
         nsplit = _pow2_floor(max(1, workers // (batch_size * cfg.num_key_value_heads)))
-        nsplit = max(1, min(nsplit, next_pow2(_cdiv(max_seq_len, block_s))))
+        if not (short and batch_size == 1):
+            nsplit = max(1, min(nsplit, next_pow2(_cdiv(max_seq_len, block_s))))
     r_gu = max(1, rows(I, H, workers) // 2)      # rows of gate and of up per tile
     r_down = rows(H, I, workers)
     bk_i = _block_k(I, max_bk)
@@ -267,7 +274,11 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         B=batch_size, H=H, D=D, HQ=cfg.num_attention_heads, HKV=cfg.num_key_value_heads, I=I,
         V=cfg.vocab_size, L=cfg.num_hidden_layers, S=max_seq_len,
         R_QKV=min(rows(qkv_rows, H, workers), D & -D),
-        R_O=rows(H, cfg.q_size, workers),
+        # short layers at batch 1: the O projection on half the workers, so the others go on to
+        # gate/up and ask for its weights during O (0.6b with 32 splits: 0.716-0.720 ms against
+        # 0.723-0.726; with 16 no gain, H100; at max_seq_len 1024 on the H200 0.711-0.718 against
+        # 0.735-0.739, bench/NOTES.md 30 and 61)
+        R_O=rows(H, cfg.q_size, workers // 2 if short and batch_size == 1 else workers),
         R_GU=r_gu, R_DOWN=r_down,
         R_LM=lm_rows or rows(cfg.vocab_size, H, workers, cap=16),
         BK_H=_block_k(H, max_bk), BK_Q=_block_k(cfg.q_size, max_bk), BK_I=bk_i,
@@ -298,8 +309,7 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         # 3.22 (bench/NOTES.md 58)
         plan = replace(plan, **{field: min(plan.tiles(op) // POOL_DIV, MAX_POOL_CLAIMS - workers)
                                 for op, field in POOL_FIELDS.items() if plan.tiles(op) >= POOL_MIN_TILES * workers})
-    layer_bytes = sum(cost(plan, op, plan.tiles(op)) for op in (Op.QKV, Op.OPROJ, Op.GATEUP, Op.DOWN))
-    if nsplit > 1 and _cdiv(max_seq_len, nsplit - 1) <= block_s and layer_bytes < ATTN_NEW_MAX_BYTES * workers:
+    if nsplit > 1 and _cdiv(max_seq_len, nsplit - 1) <= block_s and short:
         # Split 0 takes the new position alone (instructions/attention.py), so its norm, RoPE,
         # append and score run beside the cached blocks' math, not after one: where every cached
         # split is still one block with one split fewer for them, and the layers are short enough

@@ -446,14 +446,15 @@ def test_pools_where_workers_stream_several_tiles(size, workers):
 def test_new_position_split_at_short_contexts(size, workers):
     """Attention's split 0 holds the new position alone (ATTN_NEW) where a layer's weights are under
     ATTN_NEW_MAX_BYTES a worker (0.6b only) and every cached split, cut over NSPLIT - 1 splits, is
-    still one block at max_seq_len (bench/NOTES.md 59): the recorded runs' 392 at batch 1, and 2 at
-    264 workers; not at 1024 (32 splits: 1024 / 31 > 32 positions), nor where a batch leaves few
-    splits (batch 2 at 132 workers: 8), nor with one split, which a plan refuses to combine with it."""
+    still one block at max_seq_len (bench/NOTES.md 59): the recorded runs' 392 at batch 1 (and 32, where
+    0.6b's splits are not capped by the blocks), and 2 at 264 workers; not at 1024 (32 splits: 1024 /
+    31 > 32 positions), nor where a batch leaves few splits (batch 2 at 132 workers: 8), nor with one
+    split (the other sizes at 32), which a plan refuses to combine with it."""
     from scheduler.ops import ATTN_NEW_MAX_BYTES, cost
     cfg = PRESETS[size]
     small = size == "0.6b"
     for batch, seq, want in ((1, 392, small), (2, 392, small and workers == 264), (1, 1024, False), (8, 392, False),
-                             (1, 32, False)):
+                             (1, 32, small)):
         plan = make_plan(cfg, batch, seq, workers)
         assert plan.ATTN_NEW == want, (batch, seq, plan.NSPLIT)
         if batch == 1 and seq == 392:
@@ -462,6 +463,32 @@ def test_new_position_split_at_short_contexts(size, workers):
             assert -(-seq // (plan.NSPLIT - 1)) <= plan.BLOCK_S
     with pytest.raises(ValueError, match="ATTN_NEW=1 needs NSPLIT >= 2"):
         dataclasses.replace(make_plan(cfg, 1, 392, workers), ATTN_NEW=1, NSPLIT=1)
+
+
+@pytest.mark.parametrize("size", list(PRESETS))
+@pytest.mark.parametrize("workers", [264, 132])
+def test_short_layers_split_on_every_worker(size, workers):
+    """Where a layer's weights are under ATTN_NEW_MAX_BYTES a worker (0.6b) a batch-1 plan gives every
+    worker an attention split whatever max_seq_len (the splits past the context are empty) and O tiles
+    of twice the rows, where the registers allow (bench/NOTES.md 61): at 264 workers half the workers
+    hold one. Other sizes, and batches, keep splits capped by the blocks of max_seq_len and the O
+    tiles of a batch of two."""
+    from scheduler.ops import TILE_ELEMS
+    cfg = PRESETS[size]
+    short = size == "0.6b"
+    splits = 1 << (workers // cfg.num_key_value_heads).bit_length() - 1
+    for batch, seq in ((1, 64), (1, 392), (1, 4096), (2, 392), (8, 392)):
+        plan = make_plan(cfg, batch, seq, workers)
+        capped = min(splits // batch, 1 << (-(-seq // plan.BLOCK_S) - 1).bit_length())
+        assert plan.NSPLIT == (splits if short and batch == 1 else capped), (batch, seq)
+        r_o = make_plan(cfg, 2, seq, workers).R_O
+        if short and batch == 1:
+            assert plan.R_O == min(2 * r_o, TILE_ELEMS // plan.BK_Q), seq
+            if workers == 264:
+                assert workers // 4 < plan.tiles(Op.OPROJ) <= workers // 2
+            check_invariants(build_tape(plan, workers))     # the plans this rule changes
+        else:
+            assert plan.R_O == r_o, (batch, seq)
 
 
 @pytest.fixture
