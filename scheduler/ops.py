@@ -230,9 +230,11 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
     # dot operands, not the bytes in flight: 64 costs the megakernel spills
     # (python -m megakernel.compile_check --set BLOCK_S=64)
     block_s = max(16, min(64, _pow2_floor(4096 // d_pad)))
-    # Short layers (weights under ATTN_NEW_MAX_BYTES a worker: 0.6b's 119 KB at 264 workers, 1.7b's
-    # 380 KB), where attention's stage is a large share of the layer
-    short = (qkv_rows * H + H * cfg.q_size + 3 * I * H) * 2 < ATTN_NEW_MAX_BYTES * workers
+    # Short layers (bf16 weights under ATTN_NEW_MAX_BYTES a worker: 0.6b's 119 KB at 264 workers,
+    # 1.7b's 380 KB), where attention's stage is a large share of the layer; at batch 1 the plan
+    # spreads attention and the O projection for them (below)
+    short = cfg.layer_matrix_params * 2 < ATTN_NEW_MAX_BYTES * workers
+    short_b1 = short and batch_size == 1
     if nsplit is None:
         # One attention tile per worker at most: with every worker busy at a long context, more
         # splits would only give a worker two tiles in a row (the tape is static), each with its
@@ -245,7 +247,7 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         # cuts: 32 splits 0.723-0.726 ms against 16's 0.729-0.735; not at 1.7b, +0.7%, or 8b,
         # +1.5%: their spills; bench/NOTES.md 61)
         nsplit = _pow2_floor(max(1, workers // (batch_size * cfg.num_key_value_heads)))
-        if not (short and batch_size == 1):
+        if not short_b1:
             nsplit = max(1, min(nsplit, next_pow2(_cdiv(max_seq_len, block_s))))
     r_gu = max(1, rows(I, H, workers) // 2)      # rows of gate and of up per tile
     r_down = rows(H, I, workers)
@@ -278,7 +280,7 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         # gate/up and ask for its weights during O (0.6b with 32 splits: 0.716-0.720 ms against
         # 0.723-0.726; with 16 no gain, H100; at max_seq_len 1024 on the H200 0.711-0.718 against
         # 0.735-0.739, bench/NOTES.md 30 and 61)
-        R_O=rows(H, cfg.q_size, workers // 2 if short and batch_size == 1 else workers),
+        R_O=rows(H, cfg.q_size, workers // 2 if short_b1 else workers),
         R_GU=r_gu, R_DOWN=r_down,
         R_LM=lm_rows or rows(cfg.vocab_size, H, workers, cap=16),
         BK_H=_block_k(H, max_bk), BK_Q=_block_k(cfg.q_size, max_bk), BK_I=bk_i,

@@ -66,10 +66,15 @@ class Qwen3Config:
             return []
         return [self.eos_token_id] if isinstance(self.eos_token_id, int) else list(self.eos_token_id)
 
+    @property
+    def layer_matrix_params(self) -> int:
+        """Parameters of one layer's projections: QKV, O, gate, up and down (no norms)."""
+        return self.hidden_size * (self.qkv_size + self.q_size + 3 * self.intermediate_size)
+
     def num_parameters(self) -> int:
         """Parameter count, a tied LM head counted once."""
-        h, d, i = self.hidden_size, self.head_dim, self.intermediate_size
-        per_layer = (h * self.qkv_size + self.q_size * h + 3 * h * i + 2 * h + 2 * d)
+        h, d = self.hidden_size, self.head_dim
+        per_layer = self.layer_matrix_params + 2 * h + 2 * d
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return self.vocab_size * h + head + h + self.num_hidden_layers * per_layer
 
