@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from .ops import MAX_POOL_CLAIMS, POOL_SHIFT, Instr, Op, Plan, cost, without_pools
+from .ops import MAX_POOL_CLAIMS, POOL_SHIFT, Instr, Op, Plan, cost, short_b1_mlp, without_pools
 
 
 @dataclass
@@ -123,6 +123,36 @@ def split_stage(stage: Stage, workers: int) -> list[tuple[int, int, Segment, tup
     return pieces
 
 
+def lagged(plan: Plan, workers: int, mode: str = "megakernel", strategy: str = "balanced") -> bool:
+    """Whether the balanced megakernel tape places the MLP by when its workers get there (``build_tape``):
+    at batch 1 where the O projection runs on at most half the workers (``make_plan``'s short layers),
+    so that those workers reach gate/up last while the others, with no O tile, reach it during
+    attention and load their first gate/up tile then."""
+    return (mode == "megakernel" and strategy == "balanced" and short_b1_mlp(plan, workers))
+
+
+def _piece(stage: Stage, a: int, b: int):
+    return (a, b, stage.segments[0], stage.waits_on[0])
+
+
+def lagged_gateup(stage: Stage, late: int, workers: int) -> tuple[list, list]:
+    """Gate/up cut for ``late`` workers that reach it at the O projection's end and ``workers - late``
+    that reach it early, each of which loads its first tile's weights before the wait: m tiles for
+    each late worker, at most m + 1 for each early one, m the least that covers the stage, so the
+    bytes each worker asks for after O are at most m tiles. (late pieces, early pieces)."""
+    n, early = stage.ntiles, workers - late
+    m = 1
+    while late * m + early * (m + 1) < n:
+        m += 1
+    t0 = stage.segments[0].tile_start
+    cuts = [min(n, i * m) for i in range(late + 1)]
+    late_pieces = [_piece(stage, t0 + a, t0 + b) for a, b in zip(cuts, cuts[1:]) if b > a]
+    rest, start = n - cuts[-1], t0 + cuts[-1]
+    parts = min(early, rest)
+    early_pieces = [_piece(stage, start + j * rest // parts, start + (j + 1) * rest // parts) for j in range(parts)]
+    return late_pieces, early_pieces
+
+
 @dataclass
 class Tape:
     plan: Plan
@@ -154,6 +184,19 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
     balanced: list scheduling; each instruction (largest first within a stage) goes to the worker
     with the least bytes of this stage, then of the step so far. Both keep every worker's list in stage order, which
     with co-resident workers rules out deadlock (a wait only names earlier stages).
+    Where the O projection runs on at most half the workers (``lagged``), the balanced megakernel
+    tape places each layer's O, gate/up and down by when their workers get there:
+
+    - O goes to the workers whose attention split is the latest of its group (empty at a short
+      context: they reach O, and ask for its weights, as attention starts), then to those without one;
+    - gate/up gives those O workers the fewest tiles (``lagged_gateup``: they ask for all of them
+      at O's end) and the others, which reach gate/up during attention with their first tile in
+      registers, one more;
+    - down goes to the O workers alone where that is at most two tiles each (their gate/up ends
+      first), so the others reach the next layer's QKV, and its weights, during down.
+
+    H100, 0.6b at max_seq_len 392 (with 8-row gate/up tiles, ``make_plan``): 0.698-0.701 ms/token
+    against the plain placement's 0.717-0.721 (bench/NOTES.md 63).
     A superkernel tape has no pools (``Tape.plan`` is the plan without them)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}: {', '.join(STRATEGIES)}")
@@ -177,6 +220,19 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
         return counters[key]
 
     pieces_per_stage = [split_stage(s, workers) for s in stages]
+    lag = lagged(plan, workers, mode, strategy)
+    late_gu: dict[int, int] = {}          # layer: the gate/up pieces for its O workers (the first ones)
+    if lag:
+        n_o = {s.layer: len(p) for s, p in zip(stages, pieces_per_stage) if s.op == Op.OPROJ}
+        for k, s in enumerate(stages):
+            if s.op == Op.GATEUP:
+                late, early = lagged_gateup(s, n_o[s.layer], workers)
+                pieces_per_stage[k] = late + early
+                late_gu[s.layer] = len(late)
+            elif s.op == Op.DOWN and s.ntiles <= 2 * n_o[s.layer]:
+                n = s.ntiles
+                pieces_per_stage[k] = [_piece(s, j * n // n_o[s.layer], (j + 1) * n // n_o[s.layer])
+                                       for j in range(n_o[s.layer])]
     signals: dict[tuple, int] = {}
     for pieces in pieces_per_stage:
         for a, b, seg, dep in pieces:
@@ -184,6 +240,24 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
     lists: list[list[Instr]] = [[] for _ in range(workers)]
     load = [0] * workers
     rr = 0
+
+    def place(instrs, ws):
+        # a stage ends when its busiest worker does: balance within the stage first, then over
+        # the step so far
+        heap = [(0, load[v], v) for v in ws]
+        heapq.heapify(heap)
+        placed = []
+        for ins in sorted(instrs, key=lambda i: -cost(plan, Op(i.op), i.ntiles)):
+            stage_load, _, w = heapq.heappop(heap)
+            lists[w].append(ins)
+            placed.append((ins, w))
+            c = cost(plan, Op(ins.op), ins.ntiles) + 1
+            load[w] += c
+            heapq.heappush(heap, (stage_load + c, load[w], w))
+        return placed
+
+    split_of: dict[int, int] = {}         # worker: the earliest attention split it holds this layer
+    o_workers: list[int] = []             # the workers holding this layer's O projection
     for k, (stage, pieces) in enumerate(zip(stages, pieces_per_stage)):
         instrs = []
         pool = plan.pool(stage.op)
@@ -204,18 +278,24 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
             for j, ins in enumerate(instrs):
                 lists[(rr + j) % workers].append(ins)
             rr = (rr + len(instrs)) % workers
+        elif lag and stage.op == Op.OPROJ:
+            # the workers whose earliest split is the latest first, those without a split before them
+            first = sorted(range(workers), key=lambda v: (-split_of.get(v, plan.NSPLIT), load[v]))
+            o_workers = [w for _, w in place(instrs, first[:len(instrs)])]
+        elif lag and stage.op == Op.GATEUP:
+            n_late = late_gu[stage.layer]
+            place(instrs[:n_late], o_workers)
+            place(instrs[n_late:], sorted(set(range(workers)) - set(o_workers)))
+        elif lag and stage.op == Op.DOWN and len(instrs) == len(o_workers):
+            place(instrs, o_workers)
         else:
-            # a stage ends when its busiest worker does: balance within the stage first, then
-            # over the step so far
-            order = sorted(instrs, key=lambda i: -cost(plan, Op(i.op), i.ntiles))
-            heap = [(0, load[v], v) for v in range(workers)]
-            heapq.heapify(heap)
-            for ins in order:
-                stage_load, _, w = heapq.heappop(heap)
-                lists[w].append(ins)
-                c = cost(plan, Op(ins.op), ins.ntiles) + 1
-                load[w] += c
-                heapq.heappush(heap, (stage_load + c, load[w], w))
+            placed = place(instrs, range(workers))
+            if stage.op == Op.ATTN:
+                # at a short context the early splits of each group hold its positions, the later
+                # ones none
+                split_of = {}
+                for ins, w in placed:
+                    split_of[w] = min(split_of.get(w, plan.NSPLIT), ins.tile_start % plan.NSPLIT)
         if mode == "superkernel" and k < len(stages) - 1:
             bar = counter((Op.BARRIER, k, 0))
             for lst in lists:

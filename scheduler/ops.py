@@ -211,7 +211,8 @@ def _balanced(R: int, N: int, workers: int, slack: float = 1.1) -> int:
     times the fewest rows any tile size gives it. Tile counts that do not divide among the
     workers leave some with one tile more: 0.6b's gate/up at 8 rows is 384 tiles on 264 workers,
     so 120 hold 16 rows, where 4-row tiles (768) give at most 12 (0.732 -> 0.720 ms on the H200,
-    bench/NOTES.md 31)."""
+    bench/NOTES.md 31). (There the tape now places gate/up unevenly on purpose, ``short_b1_mlp``,
+    and the tile takes the whole budget.)"""
     load = {r: _cdiv(_cdiv(N, r), max(1, workers)) * r for r in (1 << i for i in range(R.bit_length())) if r <= R}
     best = min(load.values())
     return max(r for r, v in load.items() if v <= slack * best)
@@ -249,9 +250,10 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         nsplit = _pow2_floor(max(1, workers // (batch_size * cfg.num_key_value_heads)))
         if not short_b1:
             nsplit = max(1, min(nsplit, next_pow2(_cdiv(max_seq_len, block_s))))
-    r_gu = max(1, rows(I, H, workers) // 2)      # rows of gate and of up per tile
+    r_gu_max = max(1, rows(I, H, workers) // 2)      # rows of gate and of up per tile
     r_down = rows(H, I, workers)
     bk_i = _block_k(I, max_bk)
+    r_gu = r_gu_max
     if batch_size == 1:
         r_gu = _balanced(r_gu, I, workers)
         # Down tiles of half the register budget where a row takes more than two chunks: each
@@ -311,6 +313,14 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         # 3.22 (bench/NOTES.md 58)
         plan = replace(plan, **{field: min(plan.tiles(op) // POOL_DIV, MAX_POOL_CLAIMS - workers)
                                 for op, field in POOL_FIELDS.items() if plan.tiles(op) >= POOL_MIN_TILES * workers})
+    if short_b1_mlp(plan, workers) and not plan.BATCHED:
+        # The tape places gate/up by when its workers get there (scheduler.graph.lagged): the O
+        # projection's workers get the fewest tiles and the others one more, the first loaded during
+        # attention, so a tile takes the whole register budget (0.6b: 8 rows of gate and of up, one
+        # tile on each O worker, two on most others). H100, max_seq_len 392: 0.698-0.701 ms/token
+        # against 0.717-0.721 with 4-row tiles placed evenly (3 a worker); 8-row tiles placed evenly
+        # (two on 192 workers) 0.721-0.723 (bench/NOTES.md 63)
+        plan = replace(plan, R_GU=r_gu_max)
     if nsplit > 1 and _cdiv(max_seq_len, nsplit - 1) <= block_s and short:
         # Split 0 takes the new position alone (instructions/attention.py), so its norm, RoPE,
         # append and score run beside the cached blocks' math, not after one: where every cached
@@ -320,6 +330,15 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         # for the cache, whose blocks then dwarf the new token.
         plan = replace(plan, ATTN_NEW=1)
     return plan
+
+
+def short_b1_mlp(plan: Plan, workers: int) -> bool:
+    """Batch 1 with the O projection on at most half the workers and no pools (``make_plan``'s
+    short layers): the balanced megakernel tape then places O, gate/up and down by when their
+    workers get there (``scheduler.graph.lagged``), and gate/up tiles take a tile's whole register
+    budget."""
+    return (plan.B == 1 and not any(plan.pool(op) for op in POOL_FIELDS)
+            and 0 < 2 * plan.tiles(Op.OPROJ) <= workers)
 
 
 def without_pools(plan: Plan) -> Plan:

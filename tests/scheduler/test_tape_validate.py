@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from models.qwen3.config import PRESETS, Qwen3Config
-from scheduler.graph import MODES, STRATEGIES, Tape, build_stages, build_tape, decode, encode
+from scheduler.graph import (MODES, STRATEGIES, Segment, Stage, Tape, build_stages, build_tape, decode, encode, lagged,
+                             lagged_gateup)
 from scheduler.ops import Op, make_plan
 from scheduler.validate import TapeError, dependent_steps, validate
 
@@ -367,11 +368,57 @@ def test_balanced_rows(n, workers, cap):
 
 
 def test_balanced_gateup_plan():
-    """0.6b at 264 workers: 8-row gate/up tiles (384) leave 120 workers 16 rows, 4-row tiles (768)
-    at most 12; 8b keeps its 2-row tiles (47 vs 48 rows is inside the slack)."""
-    assert make_plan(PRESETS["0.6b"], 1, 392, 264).R_GU == 4
+    """0.6b at 172 workers: 8-row gate/up tiles (384) leave some workers 24 rows, 4-row tiles (768)
+    20, 2-row tiles (1536) 18, the fewest; 8b keeps its 2-row tiles (47 vs 48 rows is inside the
+    slack). At 264 workers 0.6b's gate/up is placed by when its workers get there (``lagged``), with
+    tiles of the whole register budget."""
+    assert make_plan(PRESETS["0.6b"], 1, 392, 172).R_GU == 2
     assert make_plan(PRESETS["8b"], 1, 392, 264).R_GU == 2
+    assert make_plan(PRESETS["0.6b"], 1, 392, 264).R_GU == 8
     assert make_plan(PRESETS["0.6b"], 4, 392, 264).R_GU == 8      # batched plans keep their rule
+
+
+@pytest.mark.parametrize("n,late,workers", [(384, 128, 264), (10, 3, 7), (5, 4, 8), (100, 1, 2), (3, 2, 4)])
+def test_lagged_gateup_cut(n, late, workers):
+    """The late workers' pieces hold m tiles, the early workers' at most m + 1, m the least with
+    which late * m + early * (m + 1) tiles cover the stage; together they cover it once, in order."""
+    stage = Stage(Op.GATEUP, 0, [Segment(7, 7 + n, (Op.GATEUP, 0, 0))], [(Op.OPROJ, 0, 0)])
+    late_p, early_p = lagged_gateup(stage, late, workers)
+    m = next(m for m in range(1, n + 1) if late * m + (workers - late) * (m + 1) >= n)
+    assert len(late_p) <= late and len(early_p) <= workers - late
+    assert all(b - a == m for a, b, _, _ in late_p[:-1]) and all(0 < b - a <= m for a, b, _, _ in late_p)
+    assert all(0 < b - a <= m + 1 for a, b, _, _ in early_p)
+    cuts = [(a, b) for a, b, _, _ in late_p + early_p]
+    assert cuts[0][0] == 7 and cuts[-1][1] == 7 + n and all(x[1] == y[0] for x, y in zip(cuts, cuts[1:]))
+
+
+@pytest.mark.parametrize("seq", [64, 392, 4096])
+def test_lagged_mlp_placement(seq):
+    """0.6b at batch 1 on 264 workers (O on half of them): each layer's O tiles go to the workers whose
+    attention split is latest in its group, gate/up gives them one tile each and the others at most
+    two, and down runs on the O workers alone, two tiles each. Not in a superkernel tape, nor with
+    round-robin, nor at batch 2 or 1.7b."""
+    cfg = PRESETS["0.6b"]
+    plan = make_plan(cfg, 1, seq, 264)
+    assert lagged(plan, 264) and plan.R_GU == 8
+    tape = build_tape(plan, 264)
+    check_invariants(tape)
+    for layer in (0, 13, 27):
+        held = defaultdict(lambda: defaultdict(int))       # op: worker: tiles
+        split = {}
+        for w, _, ins in tape.instructions():
+            if ins.layer == layer and ins.op in (Op.ATTN, Op.OPROJ, Op.GATEUP, Op.DOWN):
+                held[ins.op][w] += ins.ntiles
+                if ins.op == Op.ATTN:
+                    split[w] = min(split.get(w, plan.NSPLIT), ins.tile_start % plan.NSPLIT)
+        o = set(held[Op.OPROJ])
+        assert len(o) == plan.tiles(Op.OPROJ) == 128 and set(held[Op.OPROJ].values()) == {1}
+        assert min(split.get(w, plan.NSPLIT) for w in o) >= max(split[w] for w in split if w not in o)
+        assert {held[Op.GATEUP][w] for w in o} == {1}
+        assert max(held[Op.GATEUP][w] for w in range(264) if w not in o) == 2
+        assert set(held[Op.DOWN]) == o and set(held[Op.DOWN].values()) == {2}
+    assert not lagged(plan, 264, mode="superkernel") and not lagged(plan, 264, strategy="round-robin")
+    assert not lagged(make_plan(cfg, 2, seq, 264), 264) and not lagged(make_plan(PRESETS["1.7b"], 1, seq, 264), 264)
 
 
 @pytest.mark.parametrize("size", ["0.6b", "1.7b", "4b", "8b", "14b", "32b"])
@@ -399,11 +446,14 @@ def test_one_piece_per_worker_where_segments_allow(size, workers):
     """A stage of no more segments than workers gives no worker two of its instructions, and its
     largest piece is the smallest any cut along the segments allows (8b's QKV at 264 workers: 24
     segments of 128 and 32 tiles, where rounding each segment up made 272 pieces and left 8
-    workers 10 tiles; bench/NOTES.md 48)."""
+    workers 10 tiles; bench/NOTES.md 48). (A lagged tape cuts gate/up and down by when their
+    workers get there instead: ``test_lagged_mlp_placement``.)"""
     for batch in (1, 8):
         plan = make_plan(PRESETS[size], batch, 392, workers)
         tape = build_tape(plan, workers)
         for stage in build_stages(plan)[:8]:
+            if lagged(plan, workers) and stage.op in (Op.GATEUP, Op.DOWN):
+                continue
             sizes = [s.tile_end - s.tile_start for s in stage.segments]
             held = defaultdict(list)
             for w, _, ins in tape.instructions():

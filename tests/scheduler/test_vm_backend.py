@@ -98,6 +98,18 @@ def test_vm_superkernel_tape(models):
     assert ((logits - ref_logits).abs().amax() / ref_logits.abs().amax()).item() < 1e-5
 
 
+@pytest.mark.parametrize("name", ["g5-untied", "g2-untied"])
+def test_vm_lagged_tape(models, name):
+    """A batch-1 tape whose O projection runs on at most half the workers places O, gate/up and down
+    by when their workers get there (``scheduler.graph.lagged``); it decodes as the reference does."""
+    from scheduler.graph import lagged
+    ref_tok, ref_logits = reference(models, name, 1)
+    tok, logits, mk = run(models(name), "vm", 1, num_workers=8)
+    assert lagged(mk.backend.tape.plan, 8, mk.backend.tape.mode, mk.backend.tape.strategy)
+    assert torch.equal(tok, ref_tok)
+    assert ((logits - ref_logits).abs().amax() / ref_logits.abs().amax()).item() < 1e-5
+
+
 def test_vm_interleaves_workers(models):
     """With several workers the run order is not the tape's stage order of any one worker list:
     a worker that is blocked lets the others advance."""
