@@ -187,8 +187,12 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
     Where the O projection runs on at most half the workers (``lagged``), the balanced megakernel
     tape places each layer's O, gate/up and down by when their workers get there:
 
+    - attention's splits go in two halves: split s < NSPLIT / 2 of group g to worker
+      g * NSPLIT / 2 + s, split s + NSPLIT / 2 to that worker + workers / 2, so that the two
+      programs of an SM (H100: w and w + 124, bench/sm_map.py) hold one early split (busy at a
+      short context) and one late (empty) one;
     - O goes to the workers whose attention split is the latest of its group (empty at a short
-      context: they reach O, and ask for its weights, as attention starts), then to those without one;
+      context: they reach O, and ask for its weights, as attention starts), one per SM;
     - gate/up gives those O workers the fewest tiles (``lagged_gateup``: they ask for all of them
       at O's end) and the others, which reach gate/up during attention with their first tile in
       registers, one more;
@@ -196,7 +200,8 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
       first), so the others reach the next layer's QKV, and its weights, during down.
 
     H100, 0.6b at max_seq_len 392 (with 8-row gate/up tiles, ``make_plan``): 0.698-0.701 ms/token
-    against the plain placement's 0.717-0.721 (bench/NOTES.md 63).
+    against the plain placement's 0.717-0.721, and with attention in halves 0.685-0.688 against
+    0.698-0.700 (bench/NOTES.md 63, 65).
     A superkernel tape has no pools (``Tape.plan`` is the plan without them)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}: {', '.join(STRATEGIES)}")
@@ -221,6 +226,10 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
 
     pieces_per_stage = [split_stage(s, workers) for s in stages]
     lag = lagged(plan, workers, mode, strategy)
+    # attention's splits in two halves of the workers (below): every (group, split) one tile, one
+    # instruction each, and half of them fit half the workers
+    halves = (lag and plan.NSPLIT % 2 == 0 and plan.tiles(Op.ATTN) // 2 <= workers // 2
+              and all(b - a == 1 for s, pcs in zip(stages, pieces_per_stage) if s.op == Op.ATTN for a, b, _, _ in pcs))
     late_gu: dict[int, int] = {}          # layer: the gate/up pieces for its O workers (the first ones)
     if lag:
         n_o = {s.layer: len(p) for s, p in zip(stages, pieces_per_stage) if s.op == Op.OPROJ}
@@ -278,8 +287,22 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
             for j, ins in enumerate(instrs):
                 lists[(rr + j) % workers].append(ins)
             rr = (rr + len(instrs)) % workers
+        elif lag and stage.op == Op.ATTN and halves:
+            # split s < NSPLIT / 2 of group g on worker g * NSPLIT / 2 + s, split s + NSPLIT / 2 on
+            # that worker + workers / 2: on an H100 the driver puts programs w and w + 124 on one SM
+            # (w + 8 for the first 8; bench/sm_map.py), so most SMs then hold one worker with an
+            # early (at a short context: busy) split and one with a late (empty) one, and the O
+            # projection goes to the latter
+            half = plan.NSPLIT // 2
+            split_of = dict.fromkeys(range(workers), -1)      # no split: O goes there last
+            for ins in instrs:
+                g, s = divmod(ins.tile_start, plan.NSPLIT)
+                w = g * half + s % half + (workers // 2 if s >= half else 0)
+                lists[w].append(ins)
+                load[w] += cost(plan, Op(ins.op), ins.ntiles) + 1
+                split_of[w] = s
         elif lag and stage.op == Op.OPROJ:
-            # the workers whose earliest split is the latest first, those without a split before them
+            # the workers whose earliest split is the latest first
             first = sorted(range(workers), key=lambda v: (-split_of.get(v, plan.NSPLIT), load[v]))
             o_workers = [w for _, w in place(instrs, first[:len(instrs)])]
         elif lag and stage.op == Op.GATEUP:

@@ -394,9 +394,11 @@ def test_lagged_gateup_cut(n, late, workers):
 
 @pytest.mark.parametrize("seq", [64, 392, 4096])
 def test_lagged_mlp_placement(seq):
-    """0.6b at batch 1 on 264 workers (O on half of them): each layer's O tiles go to the workers whose
-    attention split is latest in its group, gate/up gives them one tile each and the others at most
-    two, and down runs on the O workers alone, two tiles each. Not in a superkernel tape, nor with
+    """0.6b at batch 1 on 264 workers (O on half of them): a group's early attention splits go to the
+    lower half of the workers and its late ones to the upper half (so that the two workers of an
+    SM hold one of each), each layer's O tiles to the workers whose attention split is latest in its
+    group, gate/up gives them one tile each and the others at most two, and down runs on the O
+    workers alone, two tiles each. Not in a superkernel tape, nor with
     round-robin, nor at batch 2 or 1.7b."""
     cfg = PRESETS["0.6b"]
     plan = make_plan(cfg, 1, seq, 264)
@@ -413,6 +415,12 @@ def test_lagged_mlp_placement(seq):
                     split[w] = min(split.get(w, plan.NSPLIT), ins.tile_start % plan.NSPLIT)
         o = set(held[Op.OPROJ])
         assert len(o) == plan.tiles(Op.OPROJ) == 128 and set(held[Op.OPROJ].values()) == {1}
+        # a group's early splits on the lower half of the workers, its late ones 132 workers on
+        tile_of = {w: ins.tile_start for w, _, ins in tape.instructions() if ins.layer == layer and ins.op == Op.ATTN}
+        worker_of = {t: w for w, t in tile_of.items()}
+        half = plan.NSPLIT // 2
+        assert all(worker_of[t + half] == worker_of[t] + 132 < 264 for t in worker_of if t % plan.NSPLIT < half)
+        assert o <= set(range(132, 264))
         assert min(split.get(w, plan.NSPLIT) for w in o) >= max(split[w] for w in split if w not in o)
         assert {held[Op.GATEUP][w] for w in o} == {1}
         assert max(held[Op.GATEUP][w] for w in range(264) if w not in o) == 2
