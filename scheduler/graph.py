@@ -308,7 +308,17 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
         elif lag and stage.op == Op.GATEUP:
             n_late = late_gu[stage.layer]
             place(instrs[:n_late], o_workers)
-            place(instrs[n_late:], sorted(set(range(workers)) - set(o_workers)))
+            early = sorted(set(range(workers)) - set(o_workers))
+            if halves:
+                # the smaller pieces to the lowest workers: with attention in halves they hold group
+                # 0's early splits and, on the H100 and H200, share SMs with each other (w and w + 8
+                # for w < 8, bench/sm_map.py), which two-tile pieces would give four tiles an SM
+                pieces = sorted(instrs[n_late:], key=lambda i: -i.ntiles)
+                for ins, w in zip(pieces, early[::-1]):
+                    lists[w].append(ins)
+                    load[w] += cost(plan, Op(ins.op), ins.ntiles) + 1
+            else:
+                place(instrs[n_late:], early)
         elif lag and stage.op == Op.DOWN and len(instrs) == len(o_workers):
             place(instrs, o_workers)
         else:
