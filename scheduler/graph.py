@@ -124,10 +124,10 @@ def split_stage(stage: Stage, workers: int) -> list[tuple[int, int, Segment, tup
 
 
 def lagged(plan: Plan, workers: int, mode: str = "megakernel", strategy: str = "balanced") -> bool:
-    """Whether the balanced megakernel tape places the MLP by when its workers get there (``build_tape``):
-    at batch 1 where the O projection runs on at most half the workers (``make_plan``'s short layers),
-    so that those workers reach gate/up last while the others, with no O tile, reach it during
-    attention and load their first gate/up tile then."""
+    """Whether the balanced megakernel tape places attention, O, gate/up and down by when their
+    workers get there (``build_tape``): at batch 1 where the O projection runs on at most half the
+    workers (``make_plan``'s short layers), so that those workers reach gate/up last while the
+    others, with no O tile, reach it during attention and load their first gate/up tile then."""
     return (mode == "megakernel" and strategy == "balanced" and short_b1_mlp(plan, workers))
 
 
@@ -189,19 +189,20 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
 
     - attention's splits go in two halves: split s < NSPLIT / 2 of group g to worker
       g * NSPLIT / 2 + s, split s + NSPLIT / 2 to that worker + workers / 2, so that the two
-      programs of an SM (H100: w and w + 124, bench/sm_map.py) hold one early split (busy at a
-      short context) and one late (empty) one;
+      programs of an SM (H100 and H200: w and w + 124, bench/sm_map.py) hold one early split (busy
+      at a short context) and one late (empty) one;
     - O goes to the workers whose attention split is the latest of its group (empty at a short
       context: they reach O, and ask for its weights, as attention starts), one per SM;
     - gate/up gives those O workers the fewest tiles (``lagged_gateup``: they ask for all of them
       at O's end) and the others, which reach gate/up during attention with their first tile in
-      registers, one more;
+      registers, one more (the lowest of them one tile fewer: SM mates of each other);
     - down goes to the O workers alone where that is at most two tiles each (their gate/up ends
       first), so the others reach the next layer's QKV, and its weights, during down.
 
     H100, 0.6b at max_seq_len 392 (with 8-row gate/up tiles, ``make_plan``): 0.698-0.701 ms/token
-    against the plain placement's 0.717-0.721, and with attention in halves 0.685-0.688 against
-    0.698-0.700 (bench/NOTES.md 63, 65).
+    against the plain placement's 0.717-0.721, with attention in halves 0.685-0.688 against
+    0.698-0.700, and with no SM holding four gate/up tiles 0.677-0.683 against 0.684-0.686
+    (bench/NOTES.md 63, 65).
     A superkernel tape has no pools (``Tape.plan`` is the plan without them)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}: {', '.join(STRATEGIES)}")
@@ -287,12 +288,12 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
             for j, ins in enumerate(instrs):
                 lists[(rr + j) % workers].append(ins)
             rr = (rr + len(instrs)) % workers
-        elif lag and stage.op == Op.ATTN and halves:
+        elif halves and stage.op == Op.ATTN:
             # split s < NSPLIT / 2 of group g on worker g * NSPLIT / 2 + s, split s + NSPLIT / 2 on
-            # that worker + workers / 2: on an H100 the driver puts programs w and w + 124 on one SM
-            # (w + 8 for the first 8; bench/sm_map.py), so most SMs then hold one worker with an
-            # early (at a short context: busy) split and one with a late (empty) one, and the O
-            # projection goes to the latter
+            # that worker + workers / 2: on the H100 and H200 the driver puts programs w and w + 124
+            # on one SM (w + 8 for the first 8; bench/sm_map.py), so most SMs then hold one worker
+            # with an early (at a short context: busy) split and one with a late (empty) one, and
+            # the O projection goes to the latter
             half = plan.NSPLIT // 2
             split_of = dict.fromkeys(range(workers), -1)      # no split: O goes there last
             for ins in instrs:
