@@ -251,6 +251,13 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
     load = [0] * workers
     rr = 0
 
+    def put(ins, w) -> int:
+        """Instruction ins to worker w; its load (bytes, and one for the instruction)."""
+        c = cost(plan, Op(ins.op), ins.ntiles) + 1
+        lists[w].append(ins)
+        load[w] += c
+        return c
+
     def place(instrs, ws):
         # a stage ends when its busiest worker does: balance within the stage first, then over
         # the step so far
@@ -259,10 +266,8 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
         placed = []
         for ins in sorted(instrs, key=lambda i: -cost(plan, Op(i.op), i.ntiles)):
             stage_load, _, w = heapq.heappop(heap)
-            lists[w].append(ins)
+            c = put(ins, w)
             placed.append((ins, w))
-            c = cost(plan, Op(ins.op), ins.ntiles) + 1
-            load[w] += c
             heapq.heappush(heap, (stage_load + c, load[w], w))
         return placed
 
@@ -299,8 +304,7 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
             for ins in instrs:
                 g, s = divmod(ins.tile_start, plan.NSPLIT)
                 w = g * half + s % half + (workers // 2 if s >= half else 0)
-                lists[w].append(ins)
-                load[w] += cost(plan, Op(ins.op), ins.ntiles) + 1
+                put(ins, w)
                 split_of[w] = s
         elif lag and stage.op == Op.OPROJ:
             # the workers whose earliest split is the latest first
@@ -314,10 +318,8 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
                 # the smaller pieces to the lowest workers: with attention in halves they hold group
                 # 0's early splits and, on the H100 and H200, share SMs with each other (w and w + 8
                 # for w < 8, bench/sm_map.py), which two-tile pieces would give four tiles an SM
-                pieces = sorted(instrs[n_late:], key=lambda i: -i.ntiles)
-                for ins, w in zip(pieces, early[::-1]):
-                    lists[w].append(ins)
-                    load[w] += cost(plan, Op(ins.op), ins.ntiles) + 1
+                for ins, w in zip(sorted(instrs[n_late:], key=lambda i: -i.ntiles), early[::-1]):
+                    put(ins, w)
             else:
                 place(instrs[n_late:], early)
         elif lag and stage.op == Op.DOWN and len(instrs) == len(o_workers):
