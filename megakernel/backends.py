@@ -165,7 +165,7 @@ class PersistentBackend:
         if dev.type != "cuda":
             self._build(num_workers or 1)
             return
-        sms = default_workers(dev)
+        sms = self.sms = default_workers(dev)
         self._build(num_workers or sms * workers_per_sm)
         fit = sms * self.resident_per_sm()
         if self.tape.num_workers > fit:
@@ -174,8 +174,12 @@ class PersistentBackend:
                                    f"GPU with this kernel's registers and shared memory): a persistent kernel "
                                    f"would deadlock. Use at most {fit}.")
             self._build(fit)
+        if self.sm_pairs and self.kernel_info["resident_per_sm"] != 2:
+            # three programs might share an SM, and one hold another's row: leave the driver's placement
+            self.sm_pairs = 0
 
     def _build(self, workers: int):
+        from .kernel import MAX_SMS
         mk, dev = self.mk, self.mk.weights.device
         self.tape: Tape = build_tape(tile_plan(mk, workers, self.max_bk, self.plan_overrides, self.num_warps),
                                      workers, strategy=self.strategy, mode=self.mode)
@@ -193,6 +197,11 @@ class PersistentBackend:
                                      device=dev)
         # err[0]: a wait timed out; err[1 + 4w : 5 + 4w]: worker w's (position + 1, counter, target, seen)
         self.err = torch.zeros(1 + 4 * workers, dtype=torch.int32, device=dev)
+        # a tape that assumes rows w and w + workers / 2 share an SM gets it where the workers are
+        # exactly two a SM (``kernel._paired_row``): SM_PAIRS = workers / 2, else 0 (the driver's)
+        self.sm_pairs = workers // 2 if (dev.type == "cuda" and self.tape.sm_mates
+                                         and workers == 2 * getattr(self, "sms", 0)) else 0
+        self.pairs = torch.zeros(1 + 2 * MAX_SMS.value + workers, dtype=torch.int32, device=dev)
         self._err_host = torch.zeros_like(self.err, device="cpu", pin_memory=dev.type == "cuda")
 
     def resident_per_sm(self) -> int:
@@ -219,18 +228,19 @@ class PersistentBackend:
         self.st.amax.fill_(k_common.KEY_EMPTY.value)     # a failed step may have left a partial maximum
         self.epoch.zero_()
         self.st.tickets.zero_()
+        self.pairs.zero_()
 
     def _args(self, steps: int = 1):
         p, st = self.plan, self.st
         w = st.w
         kwargs = dict(p.constexprs())
         kwargs.update(SPIN=self.spin, TRACE=self.trace, PREFETCH_TAPE=self.prefetch_tape,
-                      num_warps=self.num_warps)
+                      SM_PAIRS=self.sm_pairs, num_warps=self.num_warps)
         if st.x.device.type == "cuda":
             kwargs["launch_cooperative_grid"] = True   # the driver refuses a grid that is not co-resident
         args = (self.words, self.lengths, self.counters, self.epoch, self.err, self.trace_buf,
                 st.tokens, st.lengths, st.x, st.qkv, st.opart, st.ml, st.tickets, st.attn, st.act, st.logits,
-                st.amax, st.inv_freq,
+                st.amax, st.inv_freq, self.pairs,
                 w.embed, w.lm_head, w.final_norm, w.input_norm, w.post_norm, w.q_norm, w.k_norm,
                 w.wqkv, w.wo, w.wgate_up, w.wdown, st.k_cache, st.v_cache, st.eps, self.words.shape[1],
                 st.hist, steps, self.argmax_c, self.argmax_n)
@@ -283,8 +293,20 @@ class PersistentBackend:
         """Name the root cause among the workers that stopped: a stalled wait whose producers all
         ran (the wait asks for more than the tape provides), or else the cycle of stalled waits."""
         stuck = {}
-        for w in range(self.tape.num_workers):
-            pos1, counter, target, seen = err[1 + 4 * w: 5 + 4 * w]
+        # err's rows are programs'; with SM pairs each program took a tape row of its own
+        rows = self.pairs[-self.tape.num_workers:].tolist() if self.sm_pairs else range(self.tape.num_workers)
+        for pid in range(self.tape.num_workers):
+            pos1, counter, target, seen = err[1 + 4 * pid: 5 + 4 * pid]
+            if pos1 == -2:      # a program found no tape row (``kernel._paired_row``): nothing else ran right
+                pairing = (f"program {pid} on SM {counter} found no SM id below {target} to count on"
+                           if seen < 0 else f"program {pid}, the second on SM {counter}, timed out waiting for "
+                           f"the first to publish its tape row in launch {target} (it read {seen}): are "
+                           f"the {self.tape.num_workers} programs two an SM?")
+                self.err.zero_()
+                self.reset_counters()
+                raise MegakernelError(f"{self.mode}: {pairing}. The step's outputs are invalid; counters were reset.")
+        for pid, w in enumerate(rows):
+            pos1, counter, target, seen = err[1 + 4 * pid: 5 + 4 * pid]
             if pos1:
                 stuck[w] = (pos1 - 1, counter, target, seen)
         self.err.zero_()

@@ -21,6 +21,11 @@ of the step before. ``lengths`` stay those of the launch's first step until the 
 adds ``steps``; attention takes step s's position as ``lengths[b] + s``; ARGMAX writes step s's
 token to ``hist[s * B + b]`` as well as ``tokens[b]``.
 
+With SM_PAIRS (the tape's ``sm_mates``: it assumes tape rows w and w + workers / 2 share an SM),
+each program first takes the tape row that makes that true whatever the driver's placement
+(``_paired_row``): the two programs on an SM take rows r and r + SM_PAIRS. The error table and the
+epochs stay indexed by program id; ``pairs[1 + 2 * MAX_SMS + pid]`` records the row taken.
+
 A pooled stage's instructions (``scheduler/ops.py``) claim its pool's tiles from their claims
 counter after their own; the claims of step s are those past ``pool_claims * epoch``.
 """
@@ -30,7 +35,7 @@ import triton.language as tl
 
 from instructions.argmax import argmax_tile
 from instructions.attention import attn_tile
-from instructions.common import RELAXED, RELEASE, T_SM, TRACE_SLOTS, sm_id, wait_counter
+from instructions.common import ACQUIRE, RELAXED, RELEASE, T_SM, TRACE_SLOTS, sm_id, wait_counter
 from instructions.embed import embed_tile
 from instructions.matvec import gateup_tile, lmhead_tile, residual_tile
 from instructions.qkv import qkv_tile
@@ -48,12 +53,14 @@ OP_BARRIER: tl.constexpr = tl.constexpr(int(Op.BARRIER))
 WORDS: tl.constexpr = tl.constexpr(TAPE_WORDS)
 POOL_SHIFT: tl.constexpr = tl.constexpr(TAPE_POOL_SHIFT)
 POOL_MASK: tl.constexpr = tl.constexpr((1 << TAPE_POOL_SHIFT) - 1)
+MAX_SMS: tl.constexpr = tl.constexpr(1024)     # SM ids (``%smid``) below this (``_paired_row``)
+GEN: tl.constexpr = tl.constexpr(4096)         # a published rank: launch * GEN + rank
 
 
 @triton.jit
 def _timed_out(err_ptr, pid, pos1, counter, target, seen):
-    """Record where worker pid stopped (tape position + 1, or -1 at a step boundary) and on what
-    wait, raise the error flag; returns the worker's failure flag (1)."""
+    """Record where program pid stopped (tape position + 1, -1 at a step boundary, -2 taking its tape
+    row, ``_paired_row``) and on what wait, raise the error flag; returns the failure flag (1)."""
     tl.store(err_ptr + 1 + pid * 4, pos1)
     tl.store(err_ptr + 2 + pid * 4, counter)
     tl.store(err_ptr + 3 + pid * 4, target)
@@ -62,10 +69,46 @@ def _timed_out(err_ptr, pid, pos1, counter, target, seen):
     return 1
 
 
+@triton.jit
+def _paired_row(pid, pairs_ptr, err_ptr, NSM: tl.constexpr, SPIN: tl.constexpr):
+    """The tape row of program pid when the tape assumes rows r and r + NSM share an SM and exactly
+    two programs run on each of NSM SMs: the first program of a launch on an SM takes the next rank
+    r of the launch and row r, and publishes r for the second, which takes row r + NSM. Counts
+    never reset between launches (each launch adds two per SM and NSM ranks), so a launch's own are
+    its counts modulo 2 and NSM. pairs: [0] ranks taken, [1 + s] programs begun on SM s,
+    [1 + MAX_SMS + s] SM s's rank as launch * GEN + rank, [1 + 2 * MAX_SMS + pid] the row taken.
+    Returns (row, failed): a second program whose first never publishes stops like a timed-out
+    wait (position -2, counter = its SM, target = the launch, seen = what it read)."""
+    sm = sm_id()
+    failed = 0
+    row = pid
+    if sm >= MAX_SMS:     # no room for its counts: stop rather than share another SM's
+        failed = _timed_out(err_ptr, pid, -2, sm, MAX_SMS, -1)
+    else:
+        begun = tl.atomic_add(pairs_ptr + 1 + sm, 1, sem=RELAXED, scope="gpu")
+        gen = begun // 2 + 1
+        pub = pairs_ptr + 1 + MAX_SMS + sm
+        if begun % 2 == 0:
+            row = tl.atomic_add(pairs_ptr, 1, sem=RELAXED, scope="gpu") % NSM
+            tl.atomic_xchg(pub, gen * GEN + row, sem=RELEASE, scope="gpu")
+        else:
+            seen = tl.atomic_add(pub, 0, sem=ACQUIRE, scope="gpu")
+            it = 0
+            while (seen // GEN != gen) & (it < SPIN):
+                seen = tl.atomic_add(pub, 0, sem=ACQUIRE, scope="gpu")
+                it += 1
+            if seen // GEN == gen:
+                row = seen % GEN + NSM
+            else:
+                failed = _timed_out(err_ptr, pid, -2, sm, gen, seen)
+    tl.store(pairs_ptr + 1 + 2 * MAX_SMS + pid, row)
+    return row, failed
+
+
 @triton.jit(do_not_specialize=["steps"])     # one binary for any number of steps per launch
 def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_ptr,
                tokens_ptr, lengths_ptr, x_ptr, qkv_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, act_ptr, logits_ptr,
-               amax_ptr, inv_freq_ptr,
+               amax_ptr, inv_freq_ptr, pairs_ptr,
                embed_ptr, lm_ptr, fnorm_ptr, innorm_ptr, postnorm_ptr, qn_ptr, kn_ptr,
                wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, kc_ptr, vc_ptr, eps, max_len, hist_ptr, steps, argmax_c, argmax_n,
                B: tl.constexpr, H: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
@@ -75,14 +118,18 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
                NSPLIT_PAD: tl.constexpr, KV_STAGES: tl.constexpr, ATTN_NEW: tl.constexpr, BATCHED: tl.constexpr,
                POOL_O: tl.constexpr, POOL_GU: tl.constexpr, POOL_DOWN: tl.constexpr, POOL_LM: tl.constexpr,
-               SPIN: tl.constexpr, TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr):
+               SPIN: tl.constexpr, TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr, SM_PAIRS: tl.constexpr):
     pid = tl.program_id(0)
-    n = tl.load(tape_len_ptr + pid)
     epoch = tl.load(epoch_ptr + pid)
     QKV_N: tl.constexpr = (HQ + 2 * HKV) * D
     failed = tl.atomic_add(err_ptr, 0, sem=RELAXED, scope="gpu")   # a failed earlier step stays failed
+    me = pid                  # this program's tape row
+    if SM_PAIRS > 0:
+        me, bad = _paired_row(pid, pairs_ptr, err_ptr, SM_PAIRS, SPIN)
+        failed = failed | bad
+    n = tl.load(tape_len_ptr + me)
     ar = tl.arange(0, WORDS)
-    row = tape_ptr + pid * max_len * WORDS
+    row = tape_ptr + me * max_len * WORDS
     for s in range(steps):    # step s of the launch: this program's list of the tape, once
         i = 0
         if (s > 0) & (failed == 0):
@@ -120,7 +167,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
             # a pooled stage's claims counter, and the claims of this program's earlier steps
             claims = counters_ptr + (pw & POOL_MASK)
             claims_base = (pw >> POOL_SHIFT) * epoch
-            tr = trace_ptr + (pid * max_len + i) * TRACE_SLOTS     # this instruction's trace slots
+            tr = trace_ptr + (me * max_len + i) * TRACE_SLOTS     # this instruction's trace slots
             if TRACE:
                 tl.store(tr, tl.extra.cuda.globaltimer())
                 tl.store(tr + T_SM, sm_id().to(tl.int64))

@@ -161,6 +161,9 @@ class Tape:
     counter_names: dict[int, str]
     mode: str
     strategy: str
+    # the placement assumes rows w and w + workers / 2 run on one SM (the backend makes it so where
+    # it can: ``megakernel.kernel._paired_row``)
+    sm_mates: bool = False
 
     @property
     def num_workers(self) -> int:
@@ -189,20 +192,23 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
 
     - attention's splits go in two halves: split s < NSPLIT / 2 of group g to worker
       g * NSPLIT / 2 + s, split s + NSPLIT / 2 to that worker + workers / 2, so that the two
-      programs of an SM (H100 and H200: w and w + 124, bench/sm_map.py) hold one early split (busy
-      at a short context) and one late (empty) one;
+      programs of an SM hold one early split (busy at a short context) and one late (empty) one.
+      Such a tape assumes rows w and w + workers / 2 share an SM (``Tape.sm_mates``), which the
+      backend makes so where the workers are two an SM (``megakernel.kernel._paired_row``; the
+      driver's own placement pairs w and w + 124 on the H100 and H200, bench/sm_map.py);
     - O goes to the workers whose attention split is the latest of its group (empty at a short
       context: they reach O, and ask for its weights, as attention starts), one per SM;
     - gate/up gives those O workers the fewest tiles (``lagged_gateup``: they ask for all of them
       at O's end) and the others, which reach gate/up during attention with their first tile in
-      registers, one more (the lowest of them one tile fewer: SM mates of each other);
+      registers, one more (where an SM would hold four, one tile fewer);
     - down goes to the O workers alone where that is at most two tiles each (their gate/up ends
       first), so the others reach the next layer's QKV, and its weights, during down.
 
     H100, 0.6b at max_seq_len 392 (with 8-row gate/up tiles, ``make_plan``): 0.698-0.701 ms/token
     against the plain placement's 0.717-0.721, with attention in halves 0.685-0.688 against
     0.698-0.700, and with no SM holding four gate/up tiles 0.677-0.683 against 0.684-0.686
-    (bench/NOTES.md 63, 65).
+    (bench/NOTES.md 63, 65); with rows paired on SMs by the kernel, 0.674-0.681 against
+    0.677-0.684 (NOTES 66).
     A superkernel tape has no pools (``Tape.plan`` is the plan without them)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}: {', '.join(STRATEGIES)}")
@@ -295,10 +301,9 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
             rr = (rr + len(instrs)) % workers
         elif halves and stage.op == Op.ATTN:
             # split s < NSPLIT / 2 of group g on worker g * NSPLIT / 2 + s, split s + NSPLIT / 2 on
-            # that worker + workers / 2: on the H100 and H200 the driver puts programs w and w + 124
-            # on one SM (w + 8 for the first 8; bench/sm_map.py), so most SMs then hold one worker
-            # with an early (at a short context: busy) split and one with a late (empty) one, and
-            # the O projection goes to the latter
+            # that worker + workers / 2, its SM mate (sm_mates): each SM then holds one worker with
+            # an early (at a short context: busy) split and one with a late (empty) one, and the O
+            # projection goes to the latter
             half = plan.NSPLIT // 2
             split_of = dict.fromkeys(range(workers), -1)      # no split: O goes there last
             for ins in instrs:
@@ -315,11 +320,19 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
             place(instrs[:n_late], o_workers)
             early = sorted(set(range(workers)) - set(o_workers))
             if halves:
-                # the smaller pieces to the lowest workers: with attention in halves they hold group
-                # 0's early splits and, on the H100 and H200, share SMs with each other (w and w + 8
-                # for w < 8, bench/sm_map.py), which two-tile pieces would give four tiles an SM
-                for ins, w in zip(sorted(instrs[n_late:], key=lambda i: -i.ntiles), early[::-1]):
+                # largest first, each to the free early worker whose SM (w and w + workers / 2, the
+                # tape's sm_mates) holds the fewest gate/up tiles so far: no SM holds four where
+                # three can do (120 SMs three, 12 two at 0.6b on 264 workers)
+                half = workers // 2
+                on_sm = [0] * half
+                for w in o_workers:
+                    on_sm[w % half] += sum(i.ntiles for i in lists[w] if i.op == Op.GATEUP and i.layer == stage.layer)
+                free = set(early)
+                for ins in sorted(instrs[n_late:], key=lambda i: -i.ntiles):
+                    w = min(free, key=lambda v: (on_sm[v % half], v))
+                    free.remove(w)
                     put(ins, w)
+                    on_sm[w % half] += ins.ntiles
             else:
                 place(instrs[n_late:], early)
         elif lag and stage.op == Op.DOWN and len(instrs) == len(o_workers):
@@ -342,7 +355,7 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
         for lst in lists:
             lst.sort(key=lambda i: (rank.get((Op(i.op), i.layer), -1) if i.op != Op.BARRIER else
                                     i.layer + 0.5, i.tile_start))
-    return Tape(plan, lists, len(counters) + 1, names, mode, strategy)
+    return Tape(plan, lists, len(counters) + 1, names, mode, strategy, sm_mates=halves)
 
 
 def encode(tape: Tape):

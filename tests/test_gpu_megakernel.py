@@ -84,6 +84,29 @@ def test_repeated_runs_identical(model, prompt):
         assert torch.equal(r, runs[0]), "megakernel tokens changed between identical runs (a race?)"
 
 
+def test_tape_rows_paired_on_sms(model, prompt):
+    """0.6b at a short context runs a tape that assumes rows w and w + workers / 2 share an SM
+    (``Tape.sm_mates``); where the workers are two an SM every program takes such a row
+    (``kernel._paired_row``): the rows taken are each taken once, and a traced step shows every row
+    on its mate's SM. Tokens stay those of per-op."""
+    from megakernel import MegaQwen3
+    mk = MegaQwen3(model, max_seq_len=prompt.shape[1] + 72, backend="megakernel", trace=2)
+    be = mk.backend
+    if not be.tape.sm_mates or not be.sm_pairs:
+        pytest.skip(f"no paired tape here ({be.tape.num_workers} workers, {be.sms} SMs)")
+    W = be.tape.num_workers
+    out = mk.generate(prompt, max_new_tokens=64)
+    be.synchronize()
+    rows = be.pairs[-W:].tolist()
+    assert sorted(rows) == list(range(W))
+    sm = {}
+    for w, _, _, _, _, _, s in be.trace_events():
+        assert sm.setdefault(w, s) == s
+    pairs = [(w, w + W // 2) for w in range(W // 2) if w in sm and w + W // 2 in sm]
+    assert len(pairs) >= W // 4 and all(sm[a] == sm[b] for a, b in pairs), "rows w and w + W/2 on different SMs"
+    assert torch.equal(out, _generate(model, "per-op", prompt, 64))
+
+
 def test_broken_tape_raises_named_error_quickly(model, prompt):
     from megakernel import MegaQwen3
     from megakernel.backends import MegakernelError

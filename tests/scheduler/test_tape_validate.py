@@ -424,7 +424,12 @@ def test_lagged_mlp_placement(seq):
         assert min(split.get(w, plan.NSPLIT) for w in o) >= max(split[w] for w in split if w not in o)
         assert {held[Op.GATEUP][w] for w in o} == {1}
         assert max(held[Op.GATEUP][w] for w in range(264) if w not in o) == 2
+        # the tape pairs rows w and w + 132 on an SM: no SM holds four gate/up tiles (384 over 132)
+        per_sm = [held[Op.GATEUP][w] + held[Op.GATEUP][w + 132] for w in range(132)]
+        assert sum(per_sm) == plan.tiles(Op.GATEUP) and max(per_sm) == 3
         assert set(held[Op.DOWN]) == o and set(held[Op.DOWN].values()) == {2}
+    assert tape.sm_mates
+    assert not build_tape(plan, 264, mode="superkernel").sm_mates and not build_tape(make_plan(cfg, 2, seq, 264), 264).sm_mates
     assert not lagged(plan, 264, mode="superkernel") and not lagged(plan, 264, strategy="round-robin")
     assert not lagged(make_plan(cfg, 2, seq, 264), 264) and not lagged(make_plan(PRESETS["1.7b"], 1, seq, 264), 264)
 
