@@ -89,6 +89,8 @@ def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int,
     try:
         for mode in ("megakernel", "superkernel"):
             be = backends.PersistentBackend(mk, mode=mode, num_workers=workers, **options)
+            if be.tape.sm_mates and workers % 2 == 0:
+                be.sm_pairs = workers // 2      # as a GPU of workers / 2 SMs runs it (kernel._paired_row)
             be.kernel = _Recorder(kernel.megakernel, calls)
             be.launch()
         backends.PerOpBackend(mk, num_workers=workers, **options).launch()

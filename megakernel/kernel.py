@@ -35,7 +35,7 @@ import triton.language as tl
 
 from instructions.argmax import argmax_tile
 from instructions.attention import attn_tile
-from instructions.common import ACQUIRE, RELAXED, RELEASE, T_SM, TRACE_SLOTS, sm_id, wait_counter
+from instructions.common import RELAXED, RELEASE, T_SM, TRACE_SLOTS, sm_id, wait_counter
 from instructions.embed import embed_tile
 from instructions.matvec import gateup_tile, lmhead_tile, residual_tile
 from instructions.qkv import qkv_tile
@@ -92,12 +92,10 @@ def _paired_row(pid, pairs_ptr, err_ptr, NSM: tl.constexpr, SPIN: tl.constexpr):
             row = tl.atomic_add(pairs_ptr, 1, sem=RELAXED, scope="gpu") % NSM
             tl.atomic_xchg(pub, gen * GEN + row, sem=RELEASE, scope="gpu")
         else:
-            seen = tl.atomic_add(pub, 0, sem=ACQUIRE, scope="gpu")
-            it = 0
-            while (seen // GEN != gen) & (it < SPIN):
-                seen = tl.atomic_add(pub, 0, sem=ACQUIRE, scope="gpu")
-                it += 1
-            if seen // GEN == gen:
+            # the published word only grows: the last launch's is below gen * GEN, and the next
+            # launch's cannot come before this one ends
+            seen = wait_counter(pub, gen * GEN, SPIN)
+            if seen >= gen * GEN:
                 row = seen % GEN + NSM
             else:
                 failed = _timed_out(err_ptr, pid, -2, sm, gen, seen)
