@@ -109,6 +109,26 @@ def test_step_boundary_wait_is_bounded(tiny_checkpoint):
     assert mk.steps(3).shape == (1, 3)
 
 
+def test_pairing_failure_is_named(tiny_checkpoint):
+    """A program that could not take its tape row (``kernel._paired_row``: its SM mate never
+    published one, or its SM id is past the table) is reported as such, ahead of the waits that
+    stalled behind it, and the pairing counts are reset with the counters. (The kernel's side needs
+    two programs on an SM: tests/test_gpu_megakernel.py.)"""
+    tiny = tiny_checkpoint()
+    model = load_model(str(tiny.folder), device="cpu", progress=False)
+    mk = MegaQwen3(model, max_seq_len=32, backend="megakernel")
+    be = mk.backend
+    be.pairs.fill_(5)
+    with pytest.raises(MegakernelError, match=r"program 0, the second on SM 7, timed out waiting for the first "
+                                              r"to publish its tape row in launch 3 \(it read 8192\)"):
+        be.raise_error([1, -2, 7, 3, 8192])
+    assert int(be.pairs.abs().sum()) == 0 and int(be.err.abs().sum()) == 0
+    with pytest.raises(MegakernelError, match=r"program 0 on SM 2000 found no SM id below 1024"):
+        be.raise_error([1, -2, 2000, 1024, -1])
+    mk.prefill([1, 2, 3])
+    assert mk.steps(2).shape == (1, 2)
+
+
 def _assert_hot_layout(tensors):
     """Zeroed, in order and apart, each from a chunk 1 (mod 4) of 4 KB, and each of at most 8 KB in
     the first one's half of the L2 (bit 12 XOR bit 13 of the address)."""
