@@ -162,10 +162,10 @@ class PersistentBackend:
         self.num_warps, self.strategy, self.max_bk = num_warps, strategy, max_bk
         self.steps = self._reset_at = 0
         self._pending = None
+        self.sms = sms = default_workers(dev) if dev.type == "cuda" else 0   # SM pairs: CUDA only (_build)
         if dev.type != "cuda":
             self._build(num_workers or 1)
             return
-        sms = self.sms = default_workers(dev)
         self._build(num_workers or sms * workers_per_sm)
         fit = sms * self.resident_per_sm()
         if self.tape.num_workers > fit:
@@ -199,8 +199,7 @@ class PersistentBackend:
         self.err = torch.zeros(1 + 4 * workers, dtype=torch.int32, device=dev)
         # a tape that assumes rows w and w + workers / 2 share an SM gets it where the workers are
         # exactly two a SM (``kernel._paired_row``): SM_PAIRS = workers / 2, else 0 (the driver's)
-        self.sm_pairs = workers // 2 if (dev.type == "cuda" and self.tape.sm_mates
-                                         and workers == 2 * getattr(self, "sms", 0)) else 0
+        self.sm_pairs = workers // 2 if (dev.type == "cuda" and self.tape.sm_mates and workers == 2 * self.sms) else 0
         self.pairs = torch.zeros(1 + 2 * MAX_SMS.value + workers, dtype=torch.int32, device=dev)
         self._err_host = torch.zeros_like(self.err, device="cpu", pin_memory=dev.type == "cuda")
 

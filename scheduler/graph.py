@@ -317,7 +317,7 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
             o_workers = [w for _, w in place(instrs, first[:len(instrs)])]
         elif lag and stage.op == Op.GATEUP:
             n_late = late_gu[stage.layer]
-            place(instrs[:n_late], o_workers)
+            late_placed = place(instrs[:n_late], o_workers)
             early = sorted(set(range(workers)) - set(o_workers))
             if halves:
                 # largest first, each to the free early worker whose SM (w and w + workers / 2, the
@@ -325,8 +325,8 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
                 # three can do (120 SMs three, 12 two at 0.6b on 264 workers)
                 half = workers // 2
                 on_sm = [0] * half
-                for w in o_workers:
-                    on_sm[w % half] += sum(i.ntiles for i in lists[w] if i.op == Op.GATEUP and i.layer == stage.layer)
+                for ins, w in late_placed:
+                    on_sm[w % half] += ins.ntiles
                 free = set(early)
                 for ins in sorted(instrs[n_late:], key=lambda i: -i.ntiles):
                     w = min(free, key=lambda v: (on_sm[v % half], v))
