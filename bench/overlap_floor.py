@@ -215,15 +215,10 @@ def run(name: str, programs: int, stages: int, rows: int, k: int, reps: int, che
     return times[len(times) // 2] / stages
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--programs", default="264")
-    ap.add_argument("--stages", type=int, default=140)
-    ap.add_argument("--rows", default="8,16", help="R: each program's block is R x K bf16 per stage")
-    ap.add_argument("--k", type=int, default=1024)
-    ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--reps", type=int, default=10)
-    args = ap.parse_args()
+
+def device_and_copy_bandwidth() -> float:
+    """Prints the versions and the GPU, and returns (and prints) a 256 MB device copy's bandwidth in
+    TB/s (read + written): the yardstick of a stage's bytes."""
     props = torch.cuda.get_device_properties(0)
     print(torch.__version__, triton.__version__, props.name, flush=True)
     src = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
@@ -233,7 +228,19 @@ def main():
         a.record(); dst.copy_(src); b.record(); torch.cuda.synchronize()
     bw = 2 * src.numel() / (a.elapsed_time(b) * 1e-3) / 1e12
     print(f"copy bandwidth {bw:.2f} TB/s", flush=True)
-    del src, dst
+    return bw
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--programs", default="264")
+    ap.add_argument("--stages", type=int, default=140)
+    ap.add_argument("--rows", default="8,16", help="R: each program's block is R x K bf16 per stage")
+    ap.add_argument("--k", type=int, default=1024)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    bw = device_and_copy_bandwidth()
     for p in (int(x) for x in args.programs.split(",")):
         for r in (int(x) for x in args.rows.split(",")):
             mb = p * r * args.k * 2 / 1e6

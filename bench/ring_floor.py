@@ -36,7 +36,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma  # noqa: E402
@@ -160,16 +159,7 @@ def main():
     ap.add_argument("--baseline", default="none,reg", help="overlap_floor.py modes run beside, same shapes")
     args = ap.parse_args()
     import overlap_floor                     # bench/ is on the path when run as a script
-    props = torch.cuda.get_device_properties(0)
-    print(torch.__version__, triton.__version__, props.name, flush=True)
-    src = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(3):
-        a.record(); dst.copy_(src); b.record(); torch.cuda.synchronize()
-    bw = 2 * src.numel() / (a.elapsed_time(b) * 1e-3) / 1e12
-    print(f"copy bandwidth {bw:.2f} TB/s", flush=True)
-    del src, dst
+    bw = overlap_floor.device_and_copy_bandwidth()
     for p in (int(x) for x in args.programs.split(",")):
         for r in (int(x) for x in args.rows.split(",")):
             mb = p * r * 1024 * 2 / 1e6
