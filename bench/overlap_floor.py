@@ -34,6 +34,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from instructions.common import RELEASE, wait_counter  # noqa: E402
+from sync_floor import launch_us  # noqa: E402  (bench/ is on the path when run as a script)
 
 MODES = {"none": 0, "reg": 1, "after": 2, "reg-ahead": 3, "tma": 4, "tma-ahead": 5}
 # Variants, appended to a mode's name: "+cg" weights through L2 only (no L1 fill in flight when the
@@ -189,31 +190,27 @@ def run(name: str, programs: int, stages: int, rows: int, k: int, reps: int, che
     counters = torch.zeros(stages, dtype=torch.int32, device=dev)
     out = torch.zeros(programs, dtype=torch.int32, device=dev)
     smem = str(nbuf * rows * k * 2 + 16)
-    times = []
-    for _ in range(reps + 2):
-        counters.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        overlap_kernel[(programs,)](counters, data, w, out, stages, MODE=MODES[mode], R=rows, K=k, SPIN=1 << 20,
-                                    SMEM=smem, WCG=".cg" if "cg" in var else "", WEV="" if "cg" in var else "evict_first",
-                                    RELAXED_POLL="relaxed" in var,
-                                    NOREAD="noread" in var, num_warps=4, launch_cooperative_grid=True)
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
+    us = launch_us(lambda: overlap_kernel[(programs,)](
+        counters, data, w, out, stages, MODE=MODES[mode], R=rows, K=k, SPIN=1 << 20, SMEM=smem,
+        WCG=".cg" if "cg" in var else "", WEV="" if "cg" in var else "evict_first", RELAXED_POLL="relaxed" in var,
+        NOREAD="noread" in var, num_warps=4, launch_cooperative_grid=True), counters.zero_, reps) / stages
     if int(out.max()) != 0:
         raise RuntimeError(f"{mode}: a wait timed out")
-    if check and mode != "none" and "noread" not in var:      # the chain computed what torch computes, stage by stage
-        pr = programs * rows
-        wf = w.view(stages, pr, k).float()
-        for s in (0, 1, stages - 1):
-            ref = (wf[s] @ data[s * pr:s * pr + k]) * 0.03125
-            got = data[(s + 1) * pr:(s + 2) * pr]
-            if not torch.allclose(got, ref, rtol=1e-3, atol=1e-5):
-                raise RuntimeError(f"{mode}: stage {s} output differs by {(got - ref).abs().max().item():.3g}")
-    times = sorted(times[2:])
-    return times[len(times) // 2] / stages
+    if check and mode != "none" and "noread" not in var:
+        check_chain(w, data, programs * rows, k, stages, mode)
+    return us
 
+
+def check_chain(w, data, pr: int, k: int, stages: int, name: str):
+    """The chain computed what torch computes: stage s's pr outputs are its [pr, k] block of w
+    times the stage's input (the first k values of the stage before), scaled by 1/32; checked at
+    stages 0, 1 and the last."""
+    wf = w.view(stages, pr, k).float()
+    for s in (0, 1, stages - 1):
+        ref = (wf[s] @ data[s * pr:s * pr + k]) * 0.03125
+        got = data[(s + 1) * pr:(s + 2) * pr]
+        if not torch.allclose(got, ref, rtol=1e-3, atol=1e-5):
+            raise RuntimeError(f"{name}: stage {s} output differs by {(got - ref).abs().max().item():.3g}")
 
 
 def device_and_copy_bandwidth() -> float:

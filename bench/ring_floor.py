@@ -41,6 +41,9 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
+import overlap_floor  # noqa: E402  (bench/ is on the path when run as a script)
+from sync_floor import launch_us  # noqa: E402
+
 SMEM_PER_SM = 227 * 1024      # H100 / H200: the most one SM's CTAs may allocate together
 
 
@@ -125,28 +128,14 @@ def run(programs: int, stages: int, rows: int, depth: int, reps: int, noread: bo
     data[:1024] = torch.randn(1024, device=dev, generator=g)
     counters = torch.zeros(stages, dtype=torch.int32, device=dev)
     out = torch.zeros(programs, dtype=torch.int32, device=dev)
-    times = []
-    for _ in range(reps + 2):
-        counters.zero_()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        ring_kernel[(programs,)](counters, data, desc, out, stages, R=rows, D=depth, WR=wr, SPIN=1 << 20,
-                                 NOREAD=noread, num_warps=4 * wr, launch_cooperative_grid=True)
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
+    us = launch_us(lambda: ring_kernel[(programs,)](
+        counters, data, desc, out, stages, R=rows, D=depth, WR=wr, SPIN=1 << 20, NOREAD=noread,
+        num_warps=4 * wr, launch_cooperative_grid=True), counters.zero_, reps) / stages
     if int(out.max()) != 0:
         raise RuntimeError(f"ring D={depth}: a wait timed out ({int(out.max())} stages)")
     if not noread:
-        pr = programs * rows
-        wf = w.view(stages, pr, 1024).float()
-        for s in (0, 1, stages - 1):
-            ref = (wf[s] @ data[s * pr:s * pr + 1024]) * 0.03125
-            got = data[(s + 1) * pr:(s + 2) * pr]
-            if not torch.allclose(got, ref, rtol=1e-3, atol=1e-5):
-                raise RuntimeError(f"ring D={depth}: stage {s} output differs by {(got - ref).abs().max().item():.3g}")
-    times = sorted(times[2:])
-    return times[len(times) // 2] / stages
+        overlap_floor.check_chain(w, data, programs * rows, 1024, stages, f"ring D={depth}")
+    return us
 
 
 def main():
@@ -158,7 +147,6 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--baseline", default="none,reg", help="overlap_floor.py modes run beside, same shapes")
     args = ap.parse_args()
-    import overlap_floor                     # bench/ is on the path when run as a script
     bw = overlap_floor.device_and_copy_bandwidth()
     for p in (int(x) for x in args.programs.split(",")):
         for r in (int(x) for x in args.rows.split(",")):

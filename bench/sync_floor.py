@@ -130,7 +130,7 @@ def flag_chain_kernel(counters_ptr, data_ptr, out_ptr, retry_ptr, stages, SPIN: 
     tl.store(retry_ptr + pid, retries)
 
 
-def _launch_us(launch, reset, reps: int) -> float:
+def launch_us(launch, reset, reps: int) -> float:
     """Median time of ``reps`` event-timed launches (after two untimed ones), ``reset()`` before each."""
     times = []
     for _ in range(reps + 2):
@@ -164,7 +164,7 @@ def flag_stage_us(programs: int, stages: int, hidden: int, relaxed_poll: bool, r
         flag_chain_kernel[(programs,)](counters, buf, out, retry, stages, SPIN=1 << 20, H=hidden, SLICE=slice_,
                                        RELAXED_POLL=relaxed_poll, num_warps=4, launch_cooperative_grid=True)
 
-    us = _launch_us(launch, reset, reps)
+    us = launch_us(launch, reset, reps)
     nretry.append(retry.sum())
     if float(out.max()) >= 1e9:
         raise RuntimeError("a wait timed out")
@@ -185,7 +185,7 @@ def per_stage_us(programs: int, stages: int, hidden: int, data: bool, red: int =
                                   SLICE=slice_, RED=red, REP=replicas, NSUB=nsub, num_warps=4,
                                   launch_cooperative_grid=True)
 
-    us = _launch_us(launch, counters.zero_, reps)
+    us = launch_us(launch, counters.zero_, reps)
     if float(out.max()) >= 1e9:
         raise RuntimeError("a wait timed out")
     return us / stages
