@@ -301,9 +301,21 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, tar
     are loaded before the wait (weights never depend on activations), each next tile's while this
     one computes. (Loading the second tile's too before the wait measured 6-9% slower at 0.6b:
     bench/NOTES.md 31.)"""
-    if BT:
-        return gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
+    if BT:     # (an else, not an early return: the code after a return is still compiled)
+        seen = gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
                           B, N, K, R, BK, NORM, EPI, WAIT, SPIN)
+    else:
+        seen = gemv_rows_tiles(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
+                               B, N, K, R, BK, NORM, EPI, WAIT, SPIN, tr, TRACE, POOL, claims_ptr, claims_base)
+    return seen
+
+
+@triton.jit
+def gemv_rows_tiles(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
+                    B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
+                    NORM: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr,
+                    tr, TRACE: tl.constexpr, POOL: tl.constexpr, claims_ptr, claims_base):
+    """``gemv_tile``'s tiles with their weights in registers, looping over the B input rows."""
     NT: tl.constexpr = (N + R - 1) // R
     if POOL > 0:
         c = claim(claims_ptr)           # the first pool tile: asked for now, read after tile t1 - 1
@@ -346,24 +358,20 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, tar
     return seen
 
 
-# Batches above one: each tile reads its weights once for all B input rows, K-chunk by K-chunk,
-# with Triton's software pipeliner keeping chunks of weights and inputs in flight through shared
-# memory (cp.async; activations stay .cg): as many as fit SMEM_BYTES, at most MAX_AHEAD. From
-# BATCH_DOT rows the product runs on tensor cores (tl.dot; the batch and tiles of fewer rows are
-# padded to 16 under masks, the M/N minimum of older Triton); below it a float32 product on CUDA
-# cores keeps the numerics of batch 1 (1e-7 from the order of the sums, so a batch decodes as its
-# sequences would alone). A chunk holds about W_ELEMS weights per matrix and at most X_ELEMS_*
-# inputs: with 4 warps, 16 per thread on tensor cores (4096 spills on Triton 3.6) and 32 in
-# float32, where each warp holds the whole chunk.
-# The batched path runs where the plan says (BT, the plan's BATCHED: from batch 16, and from 2
-# where every worker has few tiles per GEMV; elsewhere a tile loops over the sequences, its next
-# tile's weights loading while it computes): measured in bench/NOTES.md 14, 16 and 18.
-BATCH_DOT: tl.constexpr = tl.constexpr(ops.BATCH_DOT)   # the plan sizes tiles for it (make_plan)
+# Batches above one: an instruction reads its weights once for all B sequences. Its tiles' rows
+# and their K-chunks are walked as one flat loop, so Triton's software pipeliner keeps chunks of
+# weights and inputs in flight through shared memory (cp.async; activations stay .cg) across the
+# instruction's tile boundaries, as many as fit SMEM_BYTES, at most MAX_AHEAD. The product runs on
+# tensor cores (tl.dot; the batch padded to 16 rows and a tile's rows to a power of two under
+# masks, the M/N minimum of older Triton). The plan (scheduler/ops.py) gives each worker about one
+# tile of many rows, so each worker reads the batch's input rows about once per stage; that L2
+# traffic, not the weights, is what grows with the batch. A chunk holds about BW_ELEMS weights per
+# matrix and at most BX_ELEMS inputs.
 SMEM_BYTES: tl.constexpr = tl.constexpr(65536)
 MAX_AHEAD: tl.constexpr = tl.constexpr(4)
-W_ELEMS: tl.constexpr = tl.constexpr(4096)
-X_ELEMS_DOT: tl.constexpr = tl.constexpr(2048)
-X_ELEMS_F32: tl.constexpr = tl.constexpr(1024)
+BW_ELEMS: tl.constexpr = tl.constexpr(8192)
+BX_ELEMS: tl.constexpr = tl.constexpr(2048)
+GATEUP: tl.constexpr = tl.constexpr(3)     # out[b, rows] = silu(acc) * acc2 (gate and up)
 
 
 @triton.jit
@@ -392,110 +400,31 @@ def load_xbs(x_ptr, nw_ptr, K: tl.constexpr, k0, NORM: tl.constexpr, B: tl.const
 
 
 @triton.jit
-def load_wb3(w_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, J: tl.constexpr, T: tl.constexpr):
-    """The [R, J*T] weight chunk of ``load_wb`` as [J, R, T], column k0 + j*T + t."""
-    j = tl.arange(0, J)[:, None, None]
-    r = tl.arange(0, R)[None, :, None]
-    k = k0 + j * T + tl.arange(0, T)[None, None, :]
-    return tl.load(w_ptr + (row0 + r) * K + k, mask=(row0 + r < row_end) & (k < K), other=0.0,
-                   eviction_policy="evict_first")
-
-
-@triton.jit
-def load_xb3(x_ptr, nw_ptr, K: tl.constexpr, k0, NORM: tl.constexpr, B: tl.constexpr, B_PAD: tl.constexpr,
-             J: tl.constexpr, T: tl.constexpr):
-    """``load_xb`` as [B_PAD, J, T] (column k0 + j*T + t), with the sums of squares over J."""
-    b = tl.arange(0, B_PAD)[:, None, None]
-    k = k0 + tl.arange(0, J)[None, :, None] * T + tl.arange(0, T)[None, None, :]
-    x = tl.load(x_ptr + b * K + k, mask=(b < B) & (k < K), other=0.0, cache_modifier=".cg").to(tl.float32)
-    ss = tl.sum(x * x, axis=1)          # [B_PAD, T]: the sum over T is left to the end of the tile
-    if NORM:
-        x = x * tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-    return x, ss
-
-
-@triton.jit
 def mac_dot(acc3, x3, w3):
-    """acc3[s] += x3[s] @ w3[s]^T for each K-slice s, on tensor cores, accumulated in float32. The
-    slices are a batched dot, so each warp multiplies its own slice of K (a single [16, 16] product
-    would leave 4 warps computing copies of the same MMA tiles from the whole chunk); the caller
-    sums over s once per tile. TF32: 16-bit weights are exact in TF32 and x keeps 11 significant
-    bits (relative rounding 2^-11, eight times finer than casting x to bf16 as Hugging Face's bf16
-    model runs; the MMAs' lower rate is free, the tile waits on memory). Float32 weights (the CPU)
-    multiply in full float32."""
+    """acc3[s] += x3[s] @ w3[s]^T for each K-slice s, on tensor cores, accumulated in float32. Where
+    the block is small the slices are a batched dot, so each warp multiplies its own slice of K (a
+    single [16, 16] product would leave 4 warps computing copies of the same MMA tiles); the caller
+    sums over s once per tile. bf16 weights stay bf16 (half the registers of a TF32 operand) and
+    the float32 input is split into a bf16 head and a bf16 remainder, two MMAs: the product keeps
+    16 of x's 24 bits, so a batch decodes as its sequences would alone to about 1e-5 (the MMAs are
+    free: the tile waits on memory). Other 16-bit weights use TF32; float32 weights (the CPU) full
+    float32."""
     wt = tl.permute(w3, (0, 2, 1))
     if w3.dtype == tl.float32:
-        return tl.dot(x3, wt, acc3, input_precision="ieee")
-    return tl.dot(x3, wt.to(tl.float32), acc3, input_precision="tf32")
-
-
-@triton.jit
-def mac3(acc3, x3, w3):
-    """acc3[b, r, t] += sum_j x3[b, j, t] * w3[j, r, t] in float32. The [B, J, R, T] product's
-    default layout puts T on a warp's lanes and R on its warps, so the sum over J stays within each
-    thread; the sum over T (across lanes) is left to the end of the tile."""
-    return acc3 + tl.sum(x3[:, :, None, :] * w3.to(tl.float32)[None, :, :, :], axis=1)
-
-
-@triton.jit
-def batch_rows(w_ptr, w2_ptr, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, NORM: tl.constexpr,
-               TWO: tl.constexpr, B: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
-    """(acc, acc2, ss): acc[b, r] = sum_k v[b, k] W[row0 + r, k] over the B rows of x at once, acc2
-    the same with W2 when TWO (else zeros), ss[b] = sum_k x[b, k]^2; v = x, or x * norm_weight with
-    NORM (the caller scales by each row's 1/rms). [B_PAD, R_PAD] float32, padded rows and columns
-    zero."""
-    DOT: tl.constexpr = B >= BATCH_DOT
-    B_PAD: tl.constexpr = 2 if B <= 2 else 4 if B <= 4 else 8 if B <= 8 else 16 if B <= 16 else 32 if B <= 32 else 64
-    R_PAD: tl.constexpr = 16 if DOT and R < 16 else R
-    X_ELEMS: tl.constexpr = X_ELEMS_DOT if DOT else X_ELEMS_F32
-    KC0: tl.constexpr = W_ELEMS // R_PAD
-    KC1: tl.constexpr = KC0 if KC0 * B_PAD <= X_ELEMS else X_ELEMS // B_PAD
-    KC: tl.constexpr = BK if KC1 > BK else 16 if KC1 < 16 else KC1
-    CHUNK_BYTES: tl.constexpr = (2 if TWO else 1) * R_PAD * KC * 2 + B_PAD * KC * 4    # 16-bit weights
-    AHEAD: tl.constexpr = SMEM_BYTES // CHUNK_BYTES
-    STAGES: tl.constexpr = 2 if AHEAD < 1 else 1 + (MAX_AHEAD if AHEAD > MAX_AHEAD else AHEAD)
-    if DOT:
-        S: tl.constexpr = 4 if KC >= 64 else 2 if KC >= 32 else 1     # K-slices: one per warp
-        KS: tl.constexpr = KC // S
-        acc3 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
-        acc3_2 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
-        ss2 = tl.zeros([S, B_PAD], dtype=tl.float32)
-        for k0 in tl.range(0, K, KC, num_stages=STAGES):
-            w = load_wbs(w_ptr, row0, row_end, K, k0, R, R_PAD, S, KS)
-            if TWO:
-                w2 = load_wbs(w2_ptr, row0, row_end, K, k0, R, R_PAD, S, KS)
-            x, sq = load_xbs(x_ptr, nw_ptr, K, k0, NORM, B, B_PAD, S, KS)
-            acc3 = mac_dot(acc3, x, w)
-            if TWO:
-                acc3_2 = mac_dot(acc3_2, x, w2)
-            ss2 += sq
-        ss = tl.sum(ss2, axis=0)
-        acc = tl.sum(acc3, axis=0)
-        acc2 = tl.sum(acc3_2, axis=0)
+        acc3 = tl.dot(x3, wt, acc3, input_precision="ieee")
+    elif w3.dtype == tl.bfloat16:
+        xh = x3.to(tl.bfloat16)
+        xl = (x3 - xh.to(tl.float32)).to(tl.bfloat16)
+        acc3 = tl.dot(xh, wt, acc3)
+        acc3 = tl.dot(xl, wt, acc3)
     else:
-        T: tl.constexpr = 32 if KC >= 32 else KC
-        J: tl.constexpr = KC // T
-        acc3 = tl.zeros([B_PAD, R, T], dtype=tl.float32)
-        acc3_2 = tl.zeros([B_PAD, R, T], dtype=tl.float32)
-        ss2 = tl.zeros([B_PAD, T], dtype=tl.float32)
-        for k0 in tl.range(0, K, KC, num_stages=STAGES):
-            w = load_wb3(w_ptr, row0, row_end, K, k0, R, J, T)
-            if TWO:
-                w2 = load_wb3(w2_ptr, row0, row_end, K, k0, R, J, T)
-            x, sq = load_xb3(x_ptr, nw_ptr, K, k0, NORM, B, B_PAD, J, T)
-            acc3 = mac3(acc3, x, w)
-            if TWO:
-                acc3_2 = mac3(acc3_2, x, w2)
-            ss2 += sq
-        ss = tl.sum(ss2, axis=1)
-        acc = tl.sum(acc3, axis=2)
-        acc2 = tl.sum(acc3_2, axis=2)
-    return acc, acc2, ss
+        acc3 = tl.dot(x3, wt.to(tl.float32), acc3, input_precision="tf32")
+    return acc3
 
 
 @triton.jit
 def batch_mask(acc, row0, row_end, B: tl.constexpr, R: tl.constexpr):
-    """(rows [R_PAD], mask [B_PAD, R_PAD]) of a [B_PAD, R_PAD] block from ``batch_rows``."""
+    """(rows [R_PAD], mask [B_PAD, R_PAD]) of a [B_PAD, R_PAD] block of a tile of R rows."""
     bb = tl.arange(0, acc.shape[0])
     rr = tl.arange(0, acc.shape[1])
     rows = row0 + rr
@@ -503,28 +432,87 @@ def batch_mask(acc, row0, row_end, B: tl.constexpr, R: tl.constexpr):
 
 
 @triton.jit
-def gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
-               B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-               NORM: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
-    """``gemv_tile`` for batched plans: out[B, rows] = X[B, K] @ W[rows, K]^T, weights read once per tile
-    for all B rows (each row RMS-normalised with its own statistics when NORM)."""
+def _batch_epilogue(acc3, acc3_2, ss2, row0, row_end, out_ptr, aux_ptr, eps, B: tl.constexpr, N: tl.constexpr,
+                    K: tl.constexpr, R: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr):
+    """A ``batch_tiles`` tile's outputs from its K-sliced accumulators (``mac_dot``)."""
+    acc = tl.sum(acc3, axis=0)
+    if NORM:
+        acc = acc * (1.0 / tl.sqrt(tl.sum(ss2, axis=0) / K + eps))[:, None]
+    rows, ok = batch_mask(acc, row0, row_end, B, R)
+    bb = tl.arange(0, acc.shape[0])
+    offs = bb[:, None] * N + rows[None, :]
+    if EPI == GATEUP:
+        up = tl.sum(acc3_2, axis=0)
+        if NORM:
+            up = up * (1.0 / tl.sqrt(tl.sum(ss2, axis=0) / K + eps))[:, None]
+        acc = acc / (1.0 + tl.exp(-acc)) * up
+    if EPI == RESIDUAL:
+        acc += tl.load(out_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg")
+    tl.store(out_ptr + offs, acc, mask=ok)
+    if EPI == ARGMAX:
+        acc = tl.where(ok, acc, float("-inf"))
+        best = tl.max(acc, axis=1)
+        idx = tl.min(tl.where(acc == best[:, None], rows[None, :], 2147483647), axis=1)   # first maximum
+        tl.atomic_max(aux_ptr + bb, argmax_key(best, idx), mask=bb < B, sem=RELAXED, scope="gpu")
+
+
+@triton.jit
+def batch_tiles(t0, t1, w_ptr, w2_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
+                B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
+                NORM: tl.constexpr, TWO: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
+    """Tiles [t0, t1) of R rows of out[B, N] = X[B, K] @ W[N, K]^T (each input row RMS-normalised
+    with its own statistics and the norm weight when NORM), weights read once for all B rows, then
+    the epilogue EPI (STORE, RESIDUAL, ARGMAX, or GATEUP with W2 the up rows beside W's gate rows).
+    After the wait on the input, one flat pipelined loop over (tile, K-chunk), so the pipeline
+    does not drain between tiles. (Asking for the first chunk before the wait, as the batch-1 tiles
+    do, did not pay here: more spills; docs/performance.md.) Returns the wait's last counter value."""
+    B_PAD: tl.constexpr = 16 if B <= 16 else 32 if B <= 32 else 64 if B <= 64 else 128
+    R_PAD: tl.constexpr = 16 if R <= 16 else 32 if R <= 32 else 64 if R <= 64 else 128
+    KP: tl.constexpr = 16 if K <= 16 else 32 if K <= 32 else 64 if K <= 64 else 128 if K <= 128 else \
+        256 if K <= 256 else 512 if K <= 512 else 1024 if K <= 1024 else 2048 if K <= 2048 else 4096
+    KC0: tl.constexpr = BW_ELEMS // R_PAD
+    KC1: tl.constexpr = KC0 if KC0 * B_PAD <= BX_ELEMS else BX_ELEMS // B_PAD
+    KC2: tl.constexpr = 16 if KC1 < 16 else KC1
+    KC: tl.constexpr = KP if KC2 > KP else KC2
+    NKC: tl.constexpr = (K + KC - 1) // KC
+    # K-slices, one per warp, where the block has few MMA tiles; at least 16 columns each
+    S0: tl.constexpr = 4 if B_PAD * R_PAD <= 256 else 2 if B_PAD * R_PAD <= 1024 else 1
+    S: tl.constexpr = S0 if KC // S0 >= 16 else 1
+    KS: tl.constexpr = KC // S
+    CHUNK_BYTES: tl.constexpr = (2 if TWO else 1) * R_PAD * KC * 2 + B_PAD * KC * 4    # 16-bit weights
+    AHEAD: tl.constexpr = SMEM_BYTES // CHUNK_BYTES
+    STAGES: tl.constexpr = 2 if AHEAD < 1 else 1 + (MAX_AHEAD if AHEAD > MAX_AHEAD else AHEAD)
     row_end = tl.minimum(t1 * R, N)
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
-    for t in range(t0, t1):
-        acc, _, ss = batch_rows(w_ptr, w_ptr, t * R, row_end, K, in_ptr, nw_ptr, NORM, False, B, R, BK)
-        if NORM:
-            acc = acc * (1.0 / tl.sqrt(ss / K + eps))[:, None]
-        rows, ok = batch_mask(acc, t * R, row_end, B, R)
-        bb = tl.arange(0, acc.shape[0])
-        offs = bb[:, None] * N + rows[None, :]
-        if EPI == RESIDUAL:
-            acc += tl.load(out_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg")
-        tl.store(out_ptr + offs, acc, mask=ok)
-        if EPI == ARGMAX:
-            acc = tl.where(ok, acc, float("-inf"))
-            best = tl.max(acc, axis=1)
-            idx = tl.min(tl.where(acc == best[:, None], rows[None, :], 2147483647), axis=1)   # first maximum
-            tl.atomic_max(aux_ptr + bb, argmax_key(best, idx), mask=bb < B, sem=RELAXED, scope="gpu")
+    acc3 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
+    acc3_2 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
+    ss2 = tl.zeros([S, B_PAD], dtype=tl.float32)
+    for it in tl.range(0, (t1 - t0) * NKC, num_stages=STAGES):
+        q = it // NKC
+        t = t0 + q
+        k0 = (it - q * NKC) * KC     # (no int % constexpr in Triton's interpreter)
+        w = load_wbs(w_ptr, t * R, row_end, K, k0, R, R_PAD, S, KS)
+        if TWO:
+            w2 = load_wbs(w2_ptr, t * R, row_end, K, k0, R, R_PAD, S, KS)
+        x, sq = load_xbs(in_ptr, nw_ptr, K, k0, NORM, B, B_PAD, S, KS)
+        acc3 = mac_dot(acc3, x, w)
+        if TWO:
+            acc3_2 = mac_dot(acc3_2, x, w2)
+        ss2 += sq
+        if k0 + KC >= K:     # the tile's last chunk: its epilogue, then a fresh accumulator
+            _batch_epilogue(acc3, acc3_2, ss2, t * R, row_end, out_ptr, aux_ptr, eps, B, N, K, R, NORM, EPI)
+            acc3 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
+            acc3_2 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
+            ss2 = tl.zeros([S, B_PAD], dtype=tl.float32)
     return seen
+
+
+@triton.jit
+def gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
+               B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
+               NORM: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
+    """``gemv_tile`` for batched plans (``batch_tiles``)."""
+    return batch_tiles(t0, t1, w_ptr, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
+                       B, N, K, R, NORM, False, EPI, WAIT, SPIN)

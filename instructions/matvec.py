@@ -16,7 +16,7 @@ import triton.language as tl
 
 from scheduler.ops import Op
 
-from .common import (ARGMAX, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, batch_mask, batch_rows, claim,
+from .common import (ARGMAX, GATEUP, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, batch_tiles, claim,
                      dot_rows2, gemv_tile, load_nw, load_w, load_xn, next_tile, stamp, wait_counter)
 
 
@@ -37,9 +37,21 @@ def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_p
                 WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr,
                 POOL: tl.constexpr, claims_ptr, claims_base):
     """Tiles [t0, t1) of gate and up, then with a POOL the pool's tiles as ``gemv_tile`` takes them."""
-    if BT:
-        return gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
+    if BT:     # (an else, not an early return: the code after a return is still compiled)
+        seen = gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                             B, H, I, R, BK, WAIT, SPIN)
+    else:
+        seen = gateup_rows_tiles(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
+                                 B, H, I, R, BK, WAIT, SPIN, tr, TRACE, POOL, claims_ptr, claims_base)
+    return seen
+
+
+@triton.jit
+def gateup_rows_tiles(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
+                      B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
+                      WAIT: tl.constexpr, SPIN: tl.constexpr, tr, TRACE: tl.constexpr,
+                      POOL: tl.constexpr, claims_ptr, claims_base):
+    """``gateup_tile``'s tiles with their weights in registers, looping over the B input rows."""
     g_ptr = wgu_ptr + tl.cast(layer, tl.int64) * (2 * I * H)
     u_ptr = g_ptr + I * H
     nw_ptr = postnorm_ptr + layer * H
@@ -104,24 +116,10 @@ def gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt_
                  B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
                  WAIT: tl.constexpr, SPIN: tl.constexpr):
     """``gateup_tile`` for batched plans: gate and up weights read once per tile for all B rows, which
-    share each K-chunk's input load (``common.batch_rows``)."""
+    share each K-chunk's input load (``common.batch_tiles``)."""
     g_ptr = wgu_ptr + tl.cast(layer, tl.int64) * (2 * I * H)
-    u_ptr = g_ptr + I * H
-    nw_ptr = postnorm_ptr + layer * H
-    row_end = tl.minimum(t1 * R, I)
-    seen = target
-    if WAIT:
-        seen = wait_counter(cnt_ptr, target, SPIN)
-    for t in range(t0, t1):
-        gate, up, ss = batch_rows(g_ptr, u_ptr, t * R, row_end, H, x_ptr, nw_ptr, True, True, B, R, BK)
-        rstd = (1.0 / tl.sqrt(ss / H + eps))[:, None]
-        gate *= rstd
-        up *= rstd
-        act = gate / (1.0 + tl.exp(-gate)) * up
-        rows, ok = batch_mask(act, t * R, row_end, B, R)
-        bb = tl.arange(0, act.shape[0])
-        tl.store(act_ptr + bb[:, None] * I + rows[None, :], act, mask=ok)
-    return seen
+    return batch_tiles(t0, t1, g_ptr, g_ptr + I * H, x_ptr, postnorm_ptr + layer * H, eps, act_ptr, act_ptr,
+                       cnt_ptr, target, B, I, H, R, True, True, GATEUP, WAIT, SPIN)
 
 
 @triton.jit

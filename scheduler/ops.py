@@ -166,16 +166,29 @@ class Plan:
         return {**asdict(self), "NSPLIT_PAD": self.NSPLIT_PAD}
 
 
-# From this batch the GEMV tiles multiply with tl.dot (instructions.common.BATCH_DOT reads it; it
-# lives here so that the scheduler imports no Triton).
-BATCH_DOT = 16
-# Batched GEMV tiles (weights read once per tile for all B rows, K pipelined in chunks) from batch
-# 2 where the batch-1 tile sizes give every worker at most this many tiles of each GEMV; with more,
-# each tile's pipeline fill costs more than the batch saves, and the tiles loop over the
-# sequences instead (their next tile's weights loading while they compute). H200: 0.6b (at most 2
-# tiles) b4/b8 1.72/2.61 -> 1.44/1.82 ms batched; 8b (up to 24 tiles) 15.7/28.2 -> 34.0/101 ms.
-# bench/NOTES.md 16 and 18. From BATCH_DOT the tiles are always batched, with 16 rows.
-BATCHED_MAX_TILES = 4
+# Batched plans (batch 2 and up) read each weight once per step for the whole batch
+# (instructions.common.batch_tiles): every worker gets about one tile of about N / workers rows,
+# so it reads the batch's input rows about once per stage; tiles of more than BATCH_MAX_ROWS rows
+# are cut into several (the LM head), walked by one pipelined loop.
+BATCH_MAX_ROWS = 128
+BATCH_MIN_ROWS = 16     # tl.dot's N minimum: fewer rows would only pad
+
+
+def batched_rows(N: int, workers: int, align: int = 8) -> int:
+    """Rows per tile of a batched GEMV of N rows: a multiple of ``align``, about one tile a worker,
+    at most BATCH_MAX_ROWS (then about as many tiles a worker as that takes)."""
+    per = _cdiv(N, max(1, workers))
+    per = _cdiv(per, _cdiv(per, BATCH_MAX_ROWS))
+    return max(BATCH_MIN_ROWS, _cdiv(per, align) * align)
+
+
+def batched_qkv_rows(N: int, D: int, workers: int) -> int:
+    """``batched_rows`` for the fused QKV projection, whose tiles must not straddle a kv head's rows
+    (attention waits on each head's tiles): a power of two dividing D, the one whose busiest worker
+    holds the fewest rows (then the largest)."""
+    cands = [r for r in (16, 32, 64, 128) if D % r == 0] or [D & -D]
+    return min(cands, key=lambda r: (_cdiv(_cdiv(N, r), max(1, workers)) * r, -r))
+
 
 # Rows of weights one tile holds in registers: about this many elements per K-chunk, for a program
 # of 4 warps (128 per thread; a program of more warps holds proportionally more).
@@ -295,14 +308,10 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
         # longer than its first block the attention tile uses no pipeline at all: it knows the
         # block it walks; NOTES.md 25.)
         KV_STAGES=4 if max_seq_len >= 8192 else 3)
-    per_worker = max(_cdiv(plan.tiles(op), workers) for op in (Op.QKV, Op.OPROJ, Op.GATEUP, Op.DOWN))
-    if batch_size >= BATCH_DOT or (batch_size >= 2 and per_worker <= BATCHED_MAX_TILES):
-        plan = replace(plan, BATCHED=1)
-    if batch_size >= BATCH_DOT:
-        # the tensor-core tiles pad rows to 16 anyway, and each tile pays its K pipeline's fill:
-        # fewer, fuller tiles
-        plan = replace(plan, R_QKV=max(plan.R_QKV, min(16, D & -D)), R_O=max(plan.R_O, 16),
-                       R_GU=max(plan.R_GU, 16), R_DOWN=max(plan.R_DOWN, 16), R_LM=max(plan.R_LM, 16))
+    if batch_size >= 2:
+        plan = replace(plan, BATCHED=1, R_QKV=batched_qkv_rows(qkv_rows, D, workers),
+                       R_O=batched_rows(H, workers), R_GU=batched_rows(I, workers),
+                       R_DOWN=batched_rows(H, workers), R_LM=batched_rows(cfg.vocab_size, workers))
     if batch_size == 1 and not plan.BATCHED and cost(plan, Op.GATEUP, plan.tiles(Op.GATEUP)) >= POOL_MIN_BYTES * workers:
         # A stage whose workers stream several tiles each ends when the slowest does: the memory
         # system serves the SMs unevenly (H100, 14b: gate/up's last instruction ends 9.3 us after

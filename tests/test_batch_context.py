@@ -12,20 +12,28 @@ from test_reference_vs_hf import random_prompt, rel_err
 
 @pytest.mark.parametrize("backend,opts,batch_opts", [
     ("reference", {}, {}),
-    ("megakernel", {"max_bk": 32}, {}),                                  # one worker: tiles loop over sequences
-    ("megakernel", {"max_bk": 32}, {"plan_overrides": {"BATCHED": 1}}),  # float32 batched tiles
-], ids=["reference", "megakernel-loop", "megakernel-batched"])
-def test_batch_equals_each_sequence_alone(tiny_checkpoint, seed, backend, opts, batch_opts):
+    # one worker: tiles of batch-1 sizes loop over the sequences
+    ("megakernel", {"max_bk": 32}, {"plan_overrides": dict(BATCHED=0, R_QKV=8, R_O=8, R_GU=8, R_DOWN=8, R_LM=8)}),
+    ("megakernel", {"max_bk": 32}, {}),                                  # the plan's batched tiles
+    ("per-op", {"max_bk": 32}, {}),
+    ("vm", {"max_bk": 32}, {}),
+], ids=["reference", "megakernel-loop", "megakernel-batched", "per-op-batched", "vm-batched"])
+def test_batch_equals_each_sequence_alone(tiny_checkpoint, seed, monkeypatch, backend, opts, batch_opts):
     """Batch 3 against each sequence alone at batch 1, with 32-wide K-chunks so that every GEMV
-    loops over several chunks; the batch's tiles loop over the sequences or (as the plan picks on
-    a GPU with few tiles per worker) read their weights once for all three."""
+    loops over several chunks; the batch's tiles loop over the sequences or (as the plan picks from
+    batch 2) read their weights once for all three, in 16-column chunks, walked as one loop over an
+    instruction's tiles."""
+    import triton.language as tl
+
+    import instructions.common as common
+    monkeypatch.setattr(common, "BW_ELEMS", tl.constexpr(16 * 16))
     tiny = tiny_checkpoint(hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16)
     model = load_model(str(tiny.folder), device="cpu", progress=False)
     prompts = [random_prompt(n, tiny.vocab_size, seed + n) for n in (9, 3, 6)]
     steps = 10
     mk = MegaQwen3(model, max_seq_len=32, batch_size=3, backend=backend, **opts, **batch_opts)
-    if backend != "reference":
-        assert mk.backend.plan.BATCHED == (1 if batch_opts else 0)
+    if backend not in ("reference", "vm"):
+        assert mk.backend.plan.BATCHED == (0 if batch_opts else 1)
     batch = mk.generate(prompts, max_new_tokens=steps)
     for b, p in enumerate(prompts):
         alone = MegaQwen3(model, max_seq_len=32, batch_size=1, backend=backend, **opts)
@@ -34,12 +42,10 @@ def test_batch_equals_each_sequence_alone(tiny_checkpoint, seed, backend, opts, 
 
 
 def test_tensor_core_batch_equals_each_sequence_alone(tiny_checkpoint, seed):
-    """A batch of BATCH_DOT sequences of as many prompt lengths, where the GEMV tiles multiply with
-    tl.dot: tiles of 4 and 8 rows are padded to 16 and 32-wide K-chunks split every GEMV, so the
-    padding masks and the chunk loop are exercised. One kv head keeps the attention tiles (one per
-    sequence and kv head) few."""
-    from instructions.common import BATCH_DOT
-    n = BATCH_DOT.value
+    """A batch of 17 sequences of as many prompt lengths (the batch padded to 32 rows of tl.dot):
+    tiles of 4 and 8 rows are padded to 16, so the padding masks are exercised. One kv head keeps
+    the attention tiles (one per sequence and kv head) few."""
+    n = 17
     tiny = tiny_checkpoint(hidden=64, intermediate=128, heads=4, kv_heads=1, head_dim=16)
     model = load_model(str(tiny.folder), device="cpu", progress=False)
     lengths = torch.randperm(n, generator=torch.Generator().manual_seed(seed)) + 1

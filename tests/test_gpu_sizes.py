@@ -45,8 +45,8 @@ def test_megakernel_equals_per_op(size):
     torch.cuda.empty_cache()
 
 
-# Logits of one sequence in a batch-8 run and alone differ (bench/NOTES.md 24, 54): batch 8 runs the
-# batched float32 tiles, batch 1 the per-sequence ones, whose sums differ in order by float32
+# Logits of one sequence in a batched run and alone differ (bench/NOTES.md 24, 54): a batch runs the
+# batched tensor-core tiles, batch 1 the per-sequence ones, whose sums differ in order and rounding
 # rounding, and an element of qkv, attn, act (bf16, as transformers keeps them) or of the KV cache
 # that lands the other side of a bf16 rounding boundary carries a bf16 ulp (2^-8 relative) into
 # what follows. Greedy tokens therefore agree until the first step whose two best logits are
@@ -55,18 +55,19 @@ def test_megakernel_equals_per_op(size):
 # top two logits were at most 0.042 apart. (With float32 activations: 0.013, 0.018, 0-1, 0.004.)
 LOGIT_TOL = 0.15     # max |logit difference| while the tokens agree
 TIE_GAP = 0.1        # tokens may part only where the alone run's top two logits are this close
-MAX_PARTED = 6       # of 8 sequences in 64 steps
+MAX_PARTED = 0.75   # of the sequences in 64 steps
 
 
-def test_batch8_equals_eight_batch1_runs():
-    """Each sequence of a batch-8 megakernel run decodes as it does alone: the same logits within
+@pytest.mark.parametrize("B", [8, 16])
+def test_batch_equals_batch1_runs(B):
+    """Each sequence of a batch-B megakernel run decodes as it does alone: the same logits within
     LOGIT_TOL at every step, and the same greedy token at every step until the first near-tie
     (where float32 summation order may decide, and the runs then continue different texts)."""
     from megakernel import MegaQwen3
     model = _model("0.6b")
-    prompt = _prompt(model.config.vocab_size, (8, 24))
+    prompt = _prompt(model.config.vocab_size, (B, 24))
     steps = 64
-    batch = MegaQwen3(model, max_seq_len=96, batch_size=8, backend="megakernel")
+    batch = MegaQwen3(model, max_seq_len=96, batch_size=B, backend="megakernel")
     batch.prefill(prompt)
     toks, logits = [batch.tokens.long().cpu()], []
     for _ in range(steps):
@@ -74,7 +75,7 @@ def test_batch8_equals_eight_batch1_runs():
         toks.append(batch.tokens.long().cpu())
         logits.append(batch.logits.clone())
     parted = 0
-    for b in range(8):
+    for b in range(B):
         alone = MegaQwen3(model, max_seq_len=96, batch_size=1, backend="megakernel")
         alone.prefill(prompt[b:b + 1])
         assert int(alone.tokens[0]) == int(toks[0][b]), f"sequence {b}: first token (prefill) differs"
@@ -91,7 +92,7 @@ def test_batch8_equals_eight_batch1_runs():
                 parted += 1
                 break
         del alone
-    assert parted <= MAX_PARTED, f"{parted} of 8 sequences met a near-tie in {steps} steps"
+    assert parted <= MAX_PARTED * B, f"{parted} of {B} sequences met a near-tie in {steps} steps"
 
 
 def test_32k_context_tokens_and_time():

@@ -375,7 +375,30 @@ def test_balanced_gateup_plan():
     assert make_plan(PRESETS["0.6b"], 1, 392, 172).R_GU == 2
     assert make_plan(PRESETS["8b"], 1, 392, 264).R_GU == 2
     assert make_plan(PRESETS["0.6b"], 1, 392, 264).R_GU == 8
-    assert make_plan(PRESETS["0.6b"], 4, 392, 264).R_GU == 8      # batched plans keep their rule
+    assert make_plan(PRESETS["0.6b"], 4, 392, 264).R_GU == 16     # batched plans have their own rule
+
+
+@pytest.mark.parametrize("name", ["0.6b", "1.7b", "8b", "14b", "32b"])
+@pytest.mark.parametrize("batch,workers", [(2, 264), (8, 264), (16, 132), (64, 264), (5, 7)])
+def test_batched_plan_rows(name, batch, workers):
+    """From batch 2 every GEMV is batched, its tiles about one a worker (multiples of 8 rows, at
+    most BATCH_MAX_ROWS, so the LM head takes several), and no QKV tile straddles two kv heads'
+    rows (attention waits on each head's own tiles)."""
+    from scheduler.graph import qkv_group
+    from scheduler.ops import BATCH_MAX_ROWS, BATCH_MIN_ROWS
+    cfg = PRESETS[name]
+    p = make_plan(cfg, batch, 392, workers)
+    assert p.BATCHED == 1
+    for op, r, n in ((Op.OPROJ, p.R_O, p.H), (Op.GATEUP, p.R_GU, p.I), (Op.DOWN, p.R_DOWN, p.H),
+                     (Op.LMHEAD, p.R_LM, p.V)):
+        assert r % 8 == 0 and BATCH_MIN_ROWS <= r <= max(BATCH_MIN_ROWS, BATCH_MAX_ROWS), (op, r)
+        per_worker = -(-p.tiles(op) // workers)
+        # no worker holds more rows than the cap-sized tiles would give it, plus one alignment step
+        assert per_worker * r <= max(BATCH_MIN_ROWS, -(-n // workers) + 8 * per_worker), (op, r, per_worker)
+    by_row = dataclasses.replace(p, R_QKV=1)     # qkv_group of a one-row tile: its row's kv head
+    for t in range(p.tiles(Op.QKV)):
+        rows = range(t * p.R_QKV, min((t + 1) * p.R_QKV, p.QKV_ROWS))
+        assert {qkv_group(by_row, r) for r in rows} == {qkv_group(p, t)}, t
 
 
 @pytest.mark.parametrize("n,late,workers", [(384, 128, 264), (10, 3, 7), (5, 4, 8), (100, 1, 2), (3, 2, 4)])
