@@ -1,6 +1,6 @@
 """Can the weights stream under the dependent chain? A megakernel stage with weights, by load path.
 
-``bench/sync_floor.py`` measures a stage's chain with no weights (poll, input, stores, release).
+``sync_floor.py`` measures a stage's chain with no weights (poll, input, stores, release).
 This adds what a GEMV tile does: every program owns an [R, K] bf16 block of fresh weights per
 stage (stages x programs x R x K, more than L2 holds, so every block comes from HBM once) and
 stores its R dot products with the previous stage's output; the next stage reads them. What
@@ -21,20 +21,20 @@ from that says whether in-flight weights lengthen the chain's round trips (NOTES
 whether the bulk-copy path (not the SM's load/store unit) avoids it. NVIDIA Hopper only (inline
 PTX for the copy engine).
 
-    python3 bench/overlap_floor.py [--programs 264] [--stages 140] [--rows 8,16] [--modes ...]
+    python3 bench/probes/overlap_floor.py [--programs 264] [--stages 140] [--rows 8,16] [--modes ...]
 """
 import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repository root
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from instructions.common import RELEASE, wait_counter  # noqa: E402
-from sync_floor import launch_us  # noqa: E402  (bench/ is on the path when run as a script)
+from sync_floor import launch_us  # noqa: E402  (the script's own folder is on sys.path)
 
 MODES = {"none": 0, "reg": 1, "after": 2, "reg-ahead": 3, "tma": 4, "tma-ahead": 5}
 # Variants, appended to a mode's name: "+cg" weights through L2 only (no L1 fill in flight when the

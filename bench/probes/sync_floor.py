@@ -27,13 +27,13 @@ one address are part of a stage's cost (P = 264 costs ~0.3 us a stage more than 
 and reads copy ``pid % R`` of the input: whether every program reading the same lines of L2 (each
 line lives in one L2 slice, which then serves all P programs) is part of the input's cost.
 
-    python3 bench/sync_floor.py [--programs 264,132] [--stages 140] [--hidden 1024] [--reduce 8,64,264]
+    python3 bench/probes/sync_floor.py [--programs 264,132] [--stages 140] [--hidden 1024] [--reduce 8,64,264]
 """
 import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repository root
 
 import torch  # noqa: E402
 import triton  # noqa: E402

@@ -7,13 +7,13 @@ pointers through the 32 lines of one 4 KB chunk (each load's address is the prev
 so the loads are serial) through L2 (``volatile``: no L1), and records the mean latency per load,
 for every chunk of the first 64 KB of a 4 MB-aligned arena, with its SM id.
 
-    python3 bench/l2_partition.py [--chunks 16] [--loads 256] [--arenas 2]
+    python3 bench/probes/l2_partition.py [--chunks 16] [--loads 256] [--arenas 2]
 """
 import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repository root
 
 import torch  # noqa: E402
 import triton  # noqa: E402

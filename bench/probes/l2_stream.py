@@ -6,26 +6,26 @@ HBM; half of each SM's chunks live in the far half. This probe measures the read
 every program reads only chunks of its SM's near half, only of its far half, or contiguous bytes
 (both halves, as the megakernel's tiles do), the same bytes per program in each mode.
 
-1. Which half is near each SM: ``bench/l2_partition.py``'s pointer chase through the lines of 16
+1. Which half is near each SM: ``l2_partition.py``'s pointer chase through the lines of 16
    chunks, from every SM; an SM's near half is the group of chunks it reaches sooner.
 2. Streaming: P programs (2 per SM by default), each owning a region of 2C chunks of a buffer
    too large for the L2, reading C of them (its near half's, its far half's, or the first C)
    16 KB at a time; the time of the launch gives the bandwidth.
 
-    python3 bench/l2_stream.py [--per-sm 2] [--chunks 496] [--reps 5]
+    python3 bench/probes/l2_stream.py [--per-sm 2] [--chunks 496] [--reps 5]
 """
 import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repository root
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from instructions.common import sm_id  # noqa: E402
-from l2_partition import CHUNK, chase  # noqa: E402  (bench/ is the script's directory, so on sys.path)
+from l2_partition import CHUNK, chase  # noqa: E402  (the script's own folder is on sys.path)
 
 
 @triton.jit

@@ -1,6 +1,6 @@
 """Weights through a ring of shared-memory buffers several stages ahead (Gluon): does the stage get cheaper?
 
-``bench/overlap_floor.py`` (NOTES 33) measured a megakernel stage (poll, 1024-float input, R dot
+``overlap_floor.py`` (NOTES 33) measured a megakernel stage (poll, 1024-float input, R dot
 products stored, release) with an [R, 1024] bf16 block of fresh weights per program per stage,
 fetched in every way Triton's ``tl`` allows: a stage costs the weightless chain plus 0.6-1.0 x the
 block's time at copy bandwidth. Its bulk-copy modes looked ahead at most one stage (Triton gives a
@@ -24,7 +24,7 @@ Blocks are [R, 4, 256] bf16 (TMA boxes are at most 256 elements a dimension); a 
 quarter of every row, 8 contiguous elements a thread. The tile's output is checked against torch
 at three stages, as in ``overlap_floor``. NVIDIA Hopper or newer only.
 
-    python3 bench/ring_floor.py [--programs 264,132] [--rows 8,16,24] [--depths 1,2,3,4] [--stages 140]
+    python3 bench/probes/ring_floor.py [--programs 264,132] [--rows 8,16,24] [--depths 1,2,3,4] [--stages 140]
 
 Waits on the chain's counters are bounded (SPIN polls, counted in the output). The mbarrier wait
 for a program's own copy is Gluon's (unbounded): no other program's progress is involved.
@@ -33,7 +33,7 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repository root
 
 import torch  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
@@ -41,7 +41,7 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-import overlap_floor  # noqa: E402  (bench/ is on the path when run as a script)
+import overlap_floor  # noqa: E402  (the script's own folder is on sys.path)
 from sync_floor import launch_us  # noqa: E402
 
 SMEM_PER_SM = 227 * 1024      # H100 / H200: the most one SM's CTAs may allocate together
