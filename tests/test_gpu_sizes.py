@@ -45,7 +45,7 @@ def test_megakernel_equals_per_op(size):
     torch.cuda.empty_cache()
 
 
-# Logits of one sequence in a batch-8 run and alone differ (bench/NOTES.md 24, 54): batch 8 runs the
+# Logits of one sequence in a batch-8 run and alone differ (docs/performance.md, "Batches above one"): batch 8 runs the
 # batched float32 tiles, batch 1 the per-sequence ones, whose sums differ in order by float32
 # rounding, and an element of qkv, attn, act (bf16, as transformers keeps them) or of the KV cache
 # that lands the other side of a bf16 rounding boundary carries a bf16 ulp (2^-8 relative) into

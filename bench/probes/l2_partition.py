@@ -1,4 +1,4 @@
-"""L2 latency from each SM to each 4 KB chunk of an arena (bench/NOTES.md 53).
+"""L2 latency from each SM to each 4 KB chunk of an arena (docs/performance.md, "Buffers").
 
 bench/placement.py found the step's time depending on where the residual stream x lies, with an
 8 KB period: slower when its 4 KB straddle certain 4 KB boundaries. The H100's L2 is two

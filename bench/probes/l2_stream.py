@@ -1,6 +1,6 @@
-"""Does an SM stream weights faster from the L2 half near it? (bench/NOTES.md 53, 56)
+"""Does an SM stream weights faster from the L2 half near it? (docs/performance.md, "Buffers")
 
-NOTES 53 found the H100's L2 in two halves that alternate by bit 12 xor bit 13 of the address
+``l2_partition.py`` found the H100's L2 in two halves that alternate by bit 12 xor bit 13 of the address
 (4 KB chunks), each half nearer to part of the SMs. A decode step streams every weight once from
 HBM; half of each SM's chunks live in the far half. This probe measures the read bandwidth when
 every program reads only chunks of its SM's near half, only of its far half, or contiguous bytes

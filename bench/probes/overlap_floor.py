@@ -17,9 +17,9 @@ changes between modes is only how and when the block is fetched:
                stage's weights stream during this stage's whole chain
 
 With a perfect memory system a stage costs max(chain, bytes / bandwidth); each mode's distance
-from that says whether in-flight weights lengthen the chain's round trips (NOTES 20, 23, 31) and
-whether the bulk-copy path (not the SM's load/store unit) avoids it. NVIDIA Hopper only (inline
-PTX for the copy engine).
+from that says whether in-flight weights lengthen the chain's round trips (docs/performance.md,
+"Weights streamed under the chain") and whether the bulk-copy path (not the SM's load/store unit)
+avoids it. NVIDIA Hopper only (inline PTX for the copy engine).
 
     python3 bench/probes/overlap_floor.py [--programs 264] [--stages 140] [--rows 8,16] [--modes ...]
 """

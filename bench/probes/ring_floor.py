@@ -1,6 +1,6 @@
 """Weights through a ring of shared-memory buffers several stages ahead (Gluon): does the stage get cheaper?
 
-``overlap_floor.py`` (NOTES 33) measured a megakernel stage (poll, 1024-float input, R dot
+``overlap_floor.py`` measured a megakernel stage (poll, 1024-float input, R dot
 products stored, release) with an [R, 1024] bf16 block of fresh weights per program per stage,
 fetched in every way Triton's ``tl`` allows: a stage costs the weightless chain plus 0.6-1.0 x the
 block's time at copy bandwidth. Its bulk-copy modes looked ahead at most one stage (Triton gives a
@@ -16,9 +16,9 @@ steady pace, D - 1 stages ahead of the chain, whatever the chain is waiting for.
 copy of a stage's block goes out only after the previous stage's release (``overlap_floor``'s
 ``tma``, without its read-back cost).
 
-If a stage then costs about max(chain, block / bandwidth), the lower-level rewrite that NOTES 62
-and issue 6's closing notes name is worth its cost; if it still costs chain + ~alpha x block, no
-load path can hide the weights under this chain and the step's floor is the chain's.
+If a stage then costs about max(chain, block / bandwidth), a lower-level rewrite of the tiles (Gluon)
+is worth its cost; if it still costs chain + ~alpha x block, no load path can hide the weights
+under this chain and the step's floor is the chain's.
 
 Blocks are [R, 4, 256] bf16 (TMA boxes are at most 256 elements a dimension); a warp reads one
 quarter of every row, 8 contiguous elements a thread. The tile's output is checked against torch

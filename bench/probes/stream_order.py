@@ -13,7 +13,7 @@ is computed, ``evict_first``) in three orders, the same bytes each:
 - ``pool``: P programs, each claiming its next tile from a counter at run time.
 
 It also prints the spread of the programs' end times, and at K = 5120 (14b, 32b) compares the
-plan's masked second chunk with an exact one and with one 8192-wide chunk (bench/NOTES.md 58).
+plan's masked second chunk with an exact one and with one 8192-wide chunk (docs/performance.md, "Placement").
 
     python3 bench/probes/stream_order.py [--per-sm 2] [--reps 5]
 """
