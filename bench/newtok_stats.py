@@ -1,6 +1,6 @@
 """Attention's splits per (layer, kv group) in a phase trace (trace=1): how much later the split
 that holds the new position takes its ticket than the group's other active splits, and the math
-phase (input to computed) of each kind, medians over layers 2-25 (bench/NOTES.md 59).
+phase (input to computed) of each kind, medians over layers 2-25 (docs/performance.md, "Attention").
 
     python3 bench/newtok_stats.py trace.json[.gz] NSPLIT NEWTOK
 

@@ -1,4 +1,4 @@
-"""Does the megakernel's step time depend on where its small hot buffers lie? (bench/NOTES.md 53)
+"""Does the megakernel's step time depend on where its small hot buffers lie? (docs/performance.md, "Buffers")
 
 One process, one compiled kernel: each of the step's small buffers (the tape, the sync counters,
 the attention tickets, the activations) is moved in turn into a fresh allocation at a byte offset,

@@ -1,7 +1,7 @@
 """Device helpers every instruction kind shares: the bounded counter wait, RMSNorm statistics,
 and the row-block GEMV core.
 
-Memory ordering (DESIGN.md section 4): a consumer's poll is a scalar
+Memory ordering (docs/design.md, "Memory ordering"): a consumer's poll is a scalar
 ``atomic_add(ptr, 0, sem="acquire")``, which Triton lowers to one ``ld.acquire.gpu`` on one
 thread and broadcasts through shared memory with a CTA barrier; loads of activations written by
 other programs in the same launch then use ``cache_modifier=".cg"`` (L2, never a stale L1 line).

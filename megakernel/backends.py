@@ -35,7 +35,7 @@ MAX_STEPS_PER_LAUNCH = 64
 
 # The buffers every worker polls or reads after a poll share one allocation laid out for the
 # H100's (and H200's) L2, whose two halves alternate in 4 KB chunks (bit 12 XOR bit 13 of the address:
-# bench/l2_partition.py): each starts at a chunk 1 (mod 4), so one of at most 8 KB lies in one half,
+# bench/probes/l2_partition.py): each starts at a chunk 1 (mod 4), so one of at most 8 KB lies in one half,
 # the same for all. 0.6b batch 1 (bench/NOTES.md 53): x across both halves cost the step 1.7% (an
 # allocator's 4 KB block does that about half the time), the counters in x's other half 0.4%,
 # attn (the O projection's input) outside their half 0.45%; 1.7b gained 0.5% from x in one half,

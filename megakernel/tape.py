@@ -2,7 +2,7 @@
 
 Prints instructions per kind and per worker (count, bytes read, estimated time), the critical
 path in dependent steps (the longest chain of counter waits; each costs a cross-worker round trip
-of 1.5-1.8 us on an H200, DESIGN.md section 7), the balance of bytes across workers, and
+of 1.5-1.8 us on an H200, docs/design.md, "Dependent steps"), the balance of bytes across workers, and
 validates the tape. Needs only the model's shapes: a size alias (its published config), a Hugging
 Face repo id of one, or a checkpoint folder with a config.json.
 """

@@ -21,7 +21,7 @@ A stage's signals still mean that all its tiles are done: an instruction signals
 tiles it took, and it stops claiming only once the pool has run out.
 
 This module is the scheduler's view of the instruction kinds and imports no Triton; the kernels
-of each kind live in ``instructions/<kind>.py`` (DESIGN.md keeps the two apart so that the
+of each kind live in ``instructions/<kind>.py`` (docs/design.md: the two are kept apart so that the
 scheduler is testable in milliseconds).
 """
 

@@ -45,8 +45,8 @@ def test_megakernel_equals_per_op(size):
     torch.cuda.empty_cache()
 
 
-# Logits of one sequence in a batched run and alone differ (bench/NOTES.md 24, 54): a batch runs the
-# batched tensor-core tiles, batch 1 the per-sequence ones, whose sums differ in order and rounding
+# Logits of one sequence in a batched run and alone differ (docs/performance.md, "Batches above one"):
+# a batch runs the batched tensor-core tiles, batch 1 the per-sequence ones, whose sums differ in order and
 # rounding, and an element of qkv, attn, act (bf16, as transformers keeps them) or of the KV cache
 # that lands the other side of a bf16 rounding boundary carries a bf16 ulp (2^-8 relative) into
 # what follows. Greedy tokens therefore agree until the first step whose two best logits are

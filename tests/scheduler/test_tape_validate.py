@@ -461,10 +461,10 @@ def test_lagged_mlp_placement(seq):
 @pytest.mark.parametrize("workers", [264, 132, 8])
 def test_batch1_down_tiles(size, workers):
     """At batch 1 a down chunk holds half the weights the register budget allows where a down row
-    takes more than two chunks (half the bytes in flight at its wait; bench/NOTES.md 32, 55), the
+    takes more than two chunks (half the bytes in flight at its wait; docs/performance.md, "GEMV tile sizes"), the
     whole budget where it takes one or two (0.6b, 1.7b); batches keep the full tile. Where the
     down rows are longer than four chunks (14b, 32b) that half is cut half as wide and twice as
-    tall (NOTES 50)."""
+    tall (the same section)."""
     b1, b2 = make_plan(PRESETS[size], 1, 392, workers), make_plan(PRESETS[size], 2, 392, workers)
     long_rows = PRESETS[size].intermediate_size > 4 * b2.BK_I
     assert long_rows == (size in ("14b", "32b"))
@@ -482,7 +482,7 @@ def test_one_piece_per_worker_where_segments_allow(size, workers):
     """A stage of no more segments than workers gives no worker two of its instructions, and its
     largest piece is the smallest any cut along the segments allows (8b's QKV at 264 workers: 24
     segments of 128 and 32 tiles, where rounding each segment up made 272 pieces and left 8
-    workers 10 tiles; bench/NOTES.md 48). (A lagged tape cuts gate/up and down by when their
+    workers 10 tiles; docs/performance.md, "Placement"). (A lagged tape cuts gate/up and down by when their
     workers get there instead: ``test_lagged_mlp_placement``.)"""
     for batch in (1, 8):
         plan = make_plan(PRESETS[size], batch, 392, workers)
@@ -506,7 +506,7 @@ def test_one_piece_per_worker_where_segments_allow(size, workers):
 @pytest.mark.parametrize("workers", [264, 132])
 def test_pools_where_workers_stream_several_tiles(size, workers):
     """At batch 1, where gate/up streams at least POOL_MIN_BYTES a worker (8b, 14b, 32b at 264
-    workers; bench/NOTES.md 58), a GEMV stage (not QKV, whose tiles attention waits on by kv group)
+    workers; docs/performance.md, "Placement"), a GEMV stage (not QKV, whose tiles attention waits on by kv group)
     whose tiles give every worker at least POOL_MIN_TILES leaves 1 / POOL_DIV of them to a pool;
     smaller models, batches and superkernel tapes have none. The tape's instructions of a pooled
     stage claim from one counter of their own, counting the pool plus one claim each a step."""
@@ -532,7 +532,7 @@ def test_pools_where_workers_stream_several_tiles(size, workers):
 def test_new_position_split_at_short_contexts(size, workers):
     """Attention's split 0 holds the new position alone (ATTN_NEW) where a layer's weights are under
     ATTN_NEW_MAX_BYTES a worker (0.6b only) and every cached split, cut over NSPLIT - 1 splits, is
-    still one block at max_seq_len (bench/NOTES.md 59): the recorded runs' 392 at batch 1 (and 32, where
+    still one block at max_seq_len (docs/performance.md, "Attention"): the recorded runs' 392 at batch 1 (and 32, where
     0.6b's splits are not capped by the blocks), and 2 at 264 workers; not at 1024 (32 splits: 1024 /
     31 > 32 positions), nor where a batch leaves few splits (batch 2 at 132 workers: 8), nor with one
     split (the other sizes at 32), which a plan refuses to combine with it."""
@@ -556,7 +556,7 @@ def test_new_position_split_at_short_contexts(size, workers):
 def test_short_layers_split_on_every_worker(size, workers):
     """Where a layer's weights are under ATTN_NEW_MAX_BYTES a worker (0.6b) a batch-1 plan gives every
     worker an attention split whatever max_seq_len (the splits past the context are empty) and O tiles
-    of twice the rows, where the registers allow (bench/NOTES.md 61): at 264 workers half the workers
+    of twice the rows, where the registers allow (docs/performance.md, "Attention"): at 264 workers half the workers
     hold one. Other sizes, and batches, keep splits capped by the blocks of max_seq_len and the O
     tiles of a batch of two."""
     from scheduler.ops import TILE_ELEMS
