@@ -1,7 +1,7 @@
-"""The bench's ``torch-compile`` peer (models/qwen3/static_decode.py) on the CPU: against Hugging
-Face's Qwen3ForCausalLM, and as a compiled graph whose only mutated inputs are static ones, which
-is what CUDA graph trees need to record a step (an input mutated that is not static is inductor's
-"skipping cudagraphs due to mutated inputs")."""
+"""The bench's compiled peers on the CPU: ``torch-compile`` (models/qwen3/static_decode.py) against
+Hugging Face's Qwen3ForCausalLM, and both it and ``hf-compile`` as compiled graphs whose only
+mutated inputs are static ones, which is what CUDA graph trees need to record a step (an input
+mutated that is not static is inductor's "skipping cudagraphs due to mutated inputs")."""
 
 from __future__ import annotations
 
@@ -87,3 +87,22 @@ def test_torch_compile_peer_mutates_only_static_inputs(tiny_checkpoint, seed, fr
         assert torch.equal(a, b)
     assert seen["mutated"], "the step must write the KV cache"
     assert seen["mutated"] <= seen["static"], seen
+
+
+@torch.no_grad()
+def test_hf_compile_peer_mutates_only_static_inputs(tiny_checkpoint, seed, fresh_dynamo):
+    """transformers' StaticCache under the bench's set-up: its in-place cache writes (and its
+    length counter) are on static inputs too; its tokens equal eager transformers'."""
+    from megakernel.bench import HFRunner
+    tiny = tiny_checkpoint(**SHAPE)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, tiny.vocab_size, (2, 5), generator=g)
+    seen = {}
+    compiled = HFRunner(tiny.hf, 2, 16, compiled=True, compile_backend=_recording_backend(seen))
+    a = compiled.prefill(ids)
+    full = ids
+    for _ in range(4):
+        full = torch.cat([full, a[:, None]], 1)
+        a = compiled.forced(a)
+        assert torch.equal(a, tiny.hf(full).logits[:, -1].argmax(-1))
+    assert seen["mutated"] and seen["mutated"] <= seen["static"], seen
