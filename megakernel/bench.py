@@ -599,6 +599,8 @@ def settle(args, dev):
     """Fill in the device-dependent defaults and check that the settings fit together (before any
     model is loaded)."""
     on_cpu = dev.type == "cpu"
+    if args.trace and dev.type != "cuda":
+        raise UsageError("--trace reads the GPU's clocks in the kernel: it needs a CUDA GPU")
     d = CPU_DEFAULTS if on_cpu else GPU_DEFAULTS
     if args.model is None:
         args.model = d["model"]

@@ -109,6 +109,7 @@ def test_bench_records_rows_and_render_draws_them(tiny_checkpoint, tmp_path):
     (["--prefill-only", "-n", "8"], "--prefill-only times no decode step"),
     (["--steps-per-launch", "65"], "--steps-per-launch must be between 1 and 64"),
     (["--model", "0.6b"], "--force-cpu"),
+    (["--trace", "/tmp/t.json"], "--trace reads the GPU's clocks"),
     (["--frobnicate"], "unrecognized arguments"),
 ])
 def test_bad_settings_are_refused_before_any_work(argv, message, capsys):
