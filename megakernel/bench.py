@@ -1,30 +1,62 @@
-"""``python -m megakernel.bench``: the megakernel against the baselines and peers, in one process.
+"""python -m megakernel.bench: the megakernel against its baselines and peers, on the same weights and prompts.
 
-    python -m megakernel.bench --model 0.6b --compare per-op,superkernel,cuda-graph,torch-compile,hf
+    python -m megakernel.bench --model 0.6b --random-weights --batch-size 1,8 --record bench/results.jsonl
 
-Every backend decodes the same prompt with the same weights. Per backend: prefill time, per-step
-decode times (device events; median, p10, p90), tokens/s, achieved GB/s (bytes the step must
-read over its time), % of the floor, and whether its greedy tokens match the megakernel's. The
-floor is the bytes a step must read (every weight once plus the KV cache up to each position) over
-the device-to-device copy bandwidth measured in this run. Prints a card, a table, and as the last
-stdout line one JSON object (also written to ``--output-json``); ``--plot`` draws ms/token per
-backend with the floor; ``--trace`` writes the megakernel's per-instruction timeline (Perfetto).
+For each batch size and prompt length, every backend prefills the same random prompt and then
+decodes greedily, free-running, with its steps timed by device events (median, p10, p90 per
+step of the whole batch). Also per backend: prefill time, prompt tokens/s and the time to the
+first token; the warm-up's time (kernel compilation, torch.compile and CUDA graph capture) apart
+from the step times; whether a compiled peer ran under CUDA graphs; and its token agreement
+with the megakernel under teacher forcing (fed the megakernel's tokens, its argmax at each step
+against the megakernel's next token). The floor is the bytes a step must read (every weight
+once, every sequence's KV cache up to its position) over the device's copy bandwidth measured
+in the same run. Prints a card and tables, and as the last stdout line one JSON object;
+--record appends one row per backend and setting to the results table (bench/results.jsonl).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
+import logging
+import shlex
 import statistics
 import sys
 import time
+from datetime import datetime, timezone
 
 import megakernel  # noqa: F401  (selects the device before any kernel module loads)
 
 import torch
 
-PEERS = ("per-op", "superkernel", "cuda-graph", "torch-compile", "hf", "reference")
+from . import device as devices
+from . import results as table
+
+PEERS = ("per-op", "superkernel", "cuda-graph", "torch-compile", "hf-compile", "hf", "reference")
+KERNEL_BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph", "reference")
+DEFAULT_COMPARE = {"cuda": "cuda-graph,torch-compile,hf-compile", "npu": "per-op,superkernel",
+                   "cpu": "per-op,superkernel"}
+GPU_DEFAULTS = {"model": "0.6b", "prompt_len": "128", "max_new_tokens": 256}
+CPU_DEFAULTS = {"model": "tiny", "prompt_len": "16", "max_new_tokens": 8}
+CPU_MAX_PARAMS = 20_000_000     # past this, one interpreted decode step takes minutes
+
+IMPLEMENTATION = {   # what each backend name runs, reported in every result
+    "megakernel": "persistent kernel, counter waits",
+    "superkernel": "persistent kernel, grid-wide barrier between stages",
+    "per-op": "one launch per stage (phase launches)",
+    "cuda-graph": "per-op launches in one CUDA graph",
+    "torch-compile": "gpt-fast-style static decode (models/qwen3/static_decode.py) under "
+                     "torch.compile(mode='reduce-overhead', fullgraph=True)",
+    "hf-compile": "transformers Qwen3ForCausalLM with StaticCache, forward under "
+                  "torch.compile(mode='reduce-overhead', fullgraph=True)",
+    "hf": "transformers Qwen3ForCausalLM, eager, DynamicCache",
+    "reference": "torch reference, eager",
+}
+NPU_IMPLEMENTATION = {"superkernel": "TorchAir torchair.scope.super_kernel over the static decode step"}
+
+
+class UsageError(Exception):
+    """A setting the bench cannot run: one line ``error: ...``, exit status 2, before any work."""
 
 
 def log(msg: str):
@@ -36,16 +68,9 @@ def _accel(device):
     return {"cuda": torch.cuda, "npu": getattr(torch, "npu", None)}.get(device.type)
 
 
-IMPLEMENTATION = {   # what each backend name runs, per device type, reported in every result
-    "megakernel": "persistent kernel, counter waits",
-    "superkernel": "persistent kernel, grid-wide barrier between stages",
-    "per-op": "one launch per stage (phase launches)",
-    "cuda-graph": "per-op launches in one CUDA graph",
-    "torch-compile": "reference under torch.compile(mode='reduce-overhead')",
-    "hf": "transformers Qwen3ForCausalLM",
-    "reference": "torch reference, eager",
-}
-NPU_IMPLEMENTATION = {"superkernel": "TorchAir torchair.scope.super_kernel over the reference's decode step"}
+def _sync(dev):
+    if _accel(dev) is not None:
+        _accel(dev).synchronize()
 
 
 class Timer:
@@ -53,10 +78,9 @@ class Timer:
 
     def __init__(self, device):
         self.api = _accel(device)
-        self.cuda = self.api is not None
 
     def __enter__(self):
-        if self.cuda:
+        if self.api is not None:
             self.a, self.b = self.api.Event(enable_timing=True), self.api.Event(enable_timing=True)
             self.a.record()
         else:
@@ -64,13 +88,13 @@ class Timer:
         return self
 
     def __exit__(self, *exc):
-        if self.cuda:
+        if self.api is not None:
             self.b.record()
         else:
             self.ms_ = (time.perf_counter() - self.t) * 1e3
 
     def ms(self) -> float:
-        return self.a.elapsed_time(self.b) if self.cuda else self.ms_
+        return self.a.elapsed_time(self.b) if self.api is not None else self.ms_
 
 
 def copy_bandwidth_gbps(device) -> float | None:
@@ -93,7 +117,7 @@ def copy_bandwidth_gbps(device) -> float | None:
     return 2 * n / (ms * 1e-3) / 1e9
 
 
-def step_bytes(model, batch: int, lengths: list[int]) -> int:
+def step_bytes(model, lengths: list[int]) -> int:
     """Bytes one decode step must read: every weight once, plus each sequence's KV cache up to and
     including its new position."""
     cfg, w = model.config, model.weights
@@ -101,123 +125,293 @@ def step_bytes(model, batch: int, lengths: list[int]) -> int:
     return w.nbytes() + kv
 
 
-class HFRunner:
-    """transformers' Qwen3ForCausalLM with the same weights, stepped with its own KV cache."""
-
-    def __init__(self, model, batch):
-        from transformers import Qwen3Config as HFConfig, Qwen3ForCausalLM
-        from models.qwen3.weights import to_hf_state_dict
-        cfg = model.config
-        d = cfg.to_dict()
-        d.pop("architectures", None)
-        d["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-        hc = HFConfig(**{k: v for k, v in d.items() if k not in ("model_type", "torch_dtype")})
-        with torch.device(model.weights.device):
-            m = Qwen3ForCausalLM(hc).to(model.weights.dtype)
-        m.load_state_dict(to_hf_state_dict(cfg, model.weights), strict=False)
-        self.m = m.eval()
-        self.batch = batch
-
-    @torch.no_grad()
-    def prefill(self, ids):
-        out = self.m(input_ids=ids.to(self.m.device), use_cache=True)
-        self.cache = out.past_key_values
-        return out.logits[:, -1].float()
-
-    @torch.no_grad()
-    def step(self, tok):
-        out = self.m(input_ids=tok[:, None], past_key_values=self.cache, use_cache=True)
-        self.cache = out.past_key_values
-        return out.logits[:, -1].float()
+# ---------------------------------------------------------------------------------------------
+# Backends: each a runner with prefill() -> first tokens [B], steps(tok, k) -> next k tokens
+# [B, k] (free-running; k up to per_launch) and forced(tok) -> the next tokens [B] after tok
 
 
-def run_backend(name, model, prompt, args, dev):
-    """Set up backend ``name``, then time one prefill and ``new_tokens - 1`` greedy decode steps;
-    returns (result dict, tokens [B, N])."""
-    B = prompt.shape[0]
-    res = {"backend": name}
-    res["implementation"] = (NPU_IMPLEMENTATION if dev.type == "npu" else {}).get(name, IMPLEMENTATION[name])
-    t0 = time.perf_counter()
-    warmup = max(1, args.warmup) if dev.type != "cpu" else 0   # compile and warm up on an accelerator
-    finish = None
-    if name == "hf":
-        runner = HFRunner(model, B)
-        prefill = lambda: runner.prefill(prompt).argmax(-1)  # noqa: E731
-        step = lambda tok, k: runner.step(tok).argmax(-1)[:, None]  # noqa: E731
-    elif name == "torch-compile" or (name == "superkernel" and dev.type == "npu"):
-        from models.qwen3.reference import KVCache, Qwen3Reference, decode_static
-        cfg, w = model.config, model.weights
-        cache = KVCache.allocate(cfg, B, args.max_seq_len, w.dtype, w.device)
-        ref = Qwen3Reference(cfg, w, cache)
-        body = lambda tok: decode_static(cfg, w, cache, tok)  # noqa: E731
-        if name == "superkernel":   # on an Ascend NPU: TorchAir's SuperKernel fusion of the whole step
-            fn = _torchair_superkernel(body)
-        else:
-            fn = torch.compile(body, mode="reduce-overhead", fullgraph=True)
-        prefill = lambda: (cache.reset(), ref.prefill(list(prompt)).argmax(-1))[1]  # noqa: E731
-        step = lambda tok, k: fn(tok).argmax(-1)[:, None].clone()  # noqa: E731
-        warmup = 3      # compile and record the graph, on any device
-    else:
+class KernelRunner:
+    """A MegaQwen3 backend; prompts are prefilled by MegaQwen3.prefill."""
+
+    def __init__(self, name, model, batch, args):
         from . import MegaQwen3
         opts = {"trace": True} if name == "megakernel" and args.trace else {}
-        mk = MegaQwen3(model, max_seq_len=args.max_seq_len, batch_size=B, backend=name, **opts)
-        prefill = lambda: (mk.prefill(prompt), mk.tokens.long())[1]  # noqa: E731
-        res["steps_per_launch"] = min(args.steps_per_launch, mk.steps_per_launch)
-        step = lambda tok, k: mk.steps(k, per_launch=k)  # noqa: E731
+        self.mk = MegaQwen3(model, max_seq_len=args.max_seq_len, batch_size=batch, backend=name, **opts)
+        self.per_launch = min(args.steps_per_launch, self.mk.steps_per_launch)
 
-        def finish_kernel():
-            if hasattr(mk.backend, "synchronize"):
-                mk.backend.synchronize()     # raises a timed-out wait of the last steps
-            if name == "megakernel" and args.trace:
-                write_trace(mk.backend, args.trace)
-        finish = finish_kernel
-    tokens, times, prefill_ms, setup_s = _time_decode(prefill, step, args.new_tokens, warmup, dev, t0,
-                                                      res.get("steps_per_launch", 1))
-    if finish is not None:
-        finish()
+    def prefill(self, prompt):
+        self.mk.prefill(prompt)
+        return self.mk.tokens.long()      # the first generated token of each sequence
+
+    def steps(self, tok, k):
+        if k > 1:
+            return self.mk.steps(k, per_launch=k)
+        self.mk.step()                    # decodes mk.tokens (= tok) and leaves the next there
+        return self.mk.tokens.long()[:, None]
+
+    def forced(self, tok):
+        self.mk.tokens.copy_(tok)
+        self.mk.step()
+        return self.mk.tokens.long()
+
+    def finish(self, args):
+        if hasattr(self.mk.backend, "synchronize"):
+            self.mk.backend.synchronize()     # raises a timed-out wait of the last steps
+        if self.mk.backend_name == "megakernel" and args.trace:
+            write_trace(self.mk.backend, args.trace)
+
+
+class StaticRunner:
+    """The torch-compile peer (and, on an Ascend NPU, TorchAir's SuperKernel over the same step)."""
+
+    per_launch = 1
+
+    def __init__(self, name, model, batch, args, dev):
+        from models.qwen3.static_decode import StaticDecoder
+        npu_superkernel = name == "superkernel" and dev.type == "npu"
+        self.dec = StaticDecoder(model.config, model.weights, batch, args.max_seq_len, compile=not npu_superkernel)
+        if npu_superkernel:
+            self.dec._step = _torchair_superkernel(self.dec._greedy)
+
+    def prefill(self, prompt):
+        return self.dec.prefill(prompt)
+
+    def steps(self, tok, k):
+        return self.dec.step(tok)[:, None]
+
+    def forced(self, tok):
+        return self.dec.step(tok)
+
+    def finish(self, args):
+        pass
+
+
+def hf_model(model):
+    """transformers' Qwen3ForCausalLM holding the same weights (copied in from our stacked tensors)."""
+    from transformers import Qwen3Config as HFConfig, Qwen3ForCausalLM
+    from models.qwen3.weights import hf_slots
+    cfg = model.config
+    d = cfg.to_dict()
+    d.pop("architectures", None)
+    d["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    hc = HFConfig(**{k: v for k, v in d.items() if k not in ("model_type", "torch_dtype")})
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(model.weights.dtype)   # built in the weights' dtype: no float32 copy of 8b
+    try:
+        with torch.device(model.weights.device):
+            m = Qwen3ForCausalLM(hc)
+    finally:
+        torch.set_default_dtype(default)
+    missing, unexpected = m.load_state_dict(hf_slots(cfg, model.weights), strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"weights do not map onto Qwen3ForCausalLM: missing {missing[:3]}, "
+                           f"unexpected {unexpected[:3]}")
+    return m.eval()
+
+
+class HFRunner:
+    """transformers' Qwen3ForCausalLM: ``hf`` eager with its DynamicCache; ``hf-compile`` with a
+    StaticCache and the forward under torch.compile(mode="reduce-overhead", fullgraph=True), as
+    transformers' documentation on static caches sets it up (the prefill runs eagerly, as
+    ``generate`` runs it)."""
+
+    per_launch = 1
+
+    def __init__(self, m, batch, max_seq_len, compiled: bool, compile_backend: str = "inductor"):
+        import inspect
+        self.m, self.compiled = m, compiled
+        params = inspect.signature(type(m).forward).parameters
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"   # renamed in transformers 5.2x
+        self.cache = None
+        if compiled:
+            from transformers import StaticCache
+            self.cache = StaticCache(config=m.config, max_cache_len=max_seq_len)
+            self.fwd = torch.compile(m.forward, backend=compile_backend, mode="reduce-overhead" if
+                                     compile_backend == "inductor" else None, fullgraph=True)
+
+    @torch.no_grad()
+    def prefill(self, prompt):
+        if self.compiled:
+            self.cache.reset()
+        else:
+            from transformers import DynamicCache
+            self.cache = DynamicCache(config=self.m.config)
+        out = self.m(input_ids=prompt.to(self.m.device), use_cache=True, logits_to_keep=1,
+                     **{self.cache_kw: self.cache})
+        return out.logits[:, -1].argmax(-1)
+
+    @torch.no_grad()
+    def forced(self, tok):
+        if self.compiled:
+            torch.compiler.cudagraph_mark_step_begin()
+            out = self.fwd(input_ids=tok[:, None].long(), use_cache=True, **{self.cache_kw: self.cache})
+        else:
+            out = self.m(input_ids=tok[:, None].long(), use_cache=True, **{self.cache_kw: self.cache})
+        return out.logits[:, -1].argmax(-1)
+
+    def steps(self, tok, k):
+        return self.forced(tok)[:, None]
+
+    def finish(self, args):
+        pass
+
+
+class CudaGraphWatch:
+    """Counts what torch.compile did with CUDA graphs while a compiled peer ran: the skips inductor
+    reported ("skipping cudagraphs due to ...": its counter and its log lines) and the graphs that
+    CUDA graph trees recorded."""
+
+    class _Catch(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.messages = []
+
+        def emit(self, record):
+            msg = record.getMessage()
+            if "skipping cudagraphs" in msg:
+                self.messages.append(msg.splitlines()[0])
+
+    def __init__(self, dev):
+        self.dev = dev
+
+    def __enter__(self):
+        from torch._dynamo.utils import counters
+        self.counters = counters
+        self.skips0 = counters["inductor"]["cudagraph_skips"]
+        self.catch = self._Catch()
+        logging.getLogger("torch").addHandler(self.catch)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger("torch").removeHandler(self.catch)
+
+    def report(self) -> dict:
+        skips = self.counters["inductor"]["cudagraph_skips"] - self.skips0
+        if self.dev.type != "cuda":
+            return {"cuda_graphs": None, "cudagraph_skip": None}
+        recorded = None
+        try:
+            from torch._inductor import cudagraph_trees
+            manager = cudagraph_trees.get_manager(self.dev.index or 0, create_if_none_exists=False)
+            recorded = 0 if manager is None else sum(1 for _ in manager.get_roots())
+        except Exception:        # private API: where it moved, the skip count alone decides
+            pass
+        ok = skips == 0 and recorded != 0
+        why = self.catch.messages[0] if self.catch.messages else \
+            (f"{skips} cudagraph skip(s)" if skips else "no CUDA graph recorded" if recorded == 0 else None)
+        return {"cuda_graphs": ok, "cudagraph_skip": None if ok else why}
+
+
+def make_runner(name, model, batch, args, dev, shared):
+    if name in ("hf", "hf-compile"):
+        if "hf_model" not in shared:
+            shared["hf_model"] = hf_model(model)   # built once per run, reused at every setting
+        return HFRunner(shared["hf_model"], batch, args.max_seq_len, compiled=name == "hf-compile")
+    if name == "torch-compile" or (name == "superkernel" and dev.type == "npu"):
+        return StaticRunner(name, model, batch, args, dev)
+    return KernelRunner(name, model, batch, args)
+
+
+def run_backend(name, model, prompt, args, dev, shared, base):
+    """Set up backend ``name`` and measure it on ``prompt``: the warm-up (which compiles), the
+    prefill, free-running greedy decode steps, then the token agreement against ``base`` (the
+    megakernel's tokens [B, N]; for the megakernel, its own) under teacher forcing. Returns (row,
+    free-running tokens)."""
+    B = prompt.shape[0]
+    compiled = name in ("torch-compile", "hf-compile")
+    row = {"backend": name,
+           "implementation": (NPU_IMPLEMENTATION if dev.type == "npu" else {}).get(name, IMPLEMENTATION[name])}
+    if compiled:
+        torch._dynamo.reset()   # a fresh compile per setting: no stale graphs, no recompile limit
+    watch = CudaGraphWatch(dev)
+    t0 = time.perf_counter()
+    with watch:
+        runner = make_runner(name, model, B, args, dev, shared)
+        row["setup_s"] = round(time.perf_counter() - t0, 2)
+        n = args.max_new_tokens
+        warmup = args.warmup if dev.type != "cpu" else 0
+        if compiled:
+            warmup = max(warmup, 1)     # compile here, not in a timed step
+        t1 = time.perf_counter()
+        for _ in range(warmup):
+            tok = runner.prefill(prompt)
+            left = n - 1
+            # compiled peers: three steps at least, so that the graph is recorded before timing
+            for _ in range(3 if compiled else 1):
+                if left > 0:
+                    k = min(runner.per_launch, left)
+                    tok = runner.steps(tok, k)[:, -1]
+                    left -= k
+        _sync(dev)
+        row["compile_s"] = round(time.perf_counter() - t1, 2) if warmup else None
+        tokens, times, pre = _time_decode(runner, prompt, n, dev, reps=3 if dev.type != "cpu" else 1)
+        runner.finish(args)
+        if name == "megakernel":
+            base = tokens     # its own launches of one step, fed its tokens, must give them back
+        if base is not None:
+            row["token_agreement"] = round(_agreement(runner, prompt, base, dev), 4)
+            row["tokens_match"] = row["token_agreement"] == 1.0
+    if compiled:
+        row.update(watch.report())
+    row["steps_per_launch"] = runner.per_launch
+    row.update(pre)
     times.sort()
     med = statistics.median(times) if times else None
-    res.update(prefill_ms=prefill_ms, setup_s=round(setup_s, 2),
-               ms_per_token_median=med, ms_per_token_p10=_pct(times, 10), ms_per_token_p90=_pct(times, 90),
+    row.update(ms_per_step=med, ms_per_step_p10=_pct(times, 10), ms_per_step_p90=_pct(times, 90),
                tokens_per_s=B * 1e3 / med if med else None)
-    return res, tokens
+    del runner
+    if compiled:
+        torch._dynamo.reset()   # frees the graphs' memory pools before the next backend
+    return row, tokens
 
 
-def _time_decode(prefill, step, n, warmup, dev, t0, per_launch=1):
-    """Warm up, then time one prefill and n - 1 steps with device events. ``prefill()`` returns the
-    first tokens [B]; ``step(tok, k)`` the next k (at most ``per_launch``; backends that run one step
-    at a time get k = 1) as [B, k], timed as a whole and counted as k steps of a k-th of its time
-    each. Returns (tokens [B, n], step ms, prefill ms, setup s since ``t0``)."""
-    for _ in range(warmup):
-        step(prefill(), min(per_launch, n - 1))
-    _sync(dev)
-    setup_s = time.perf_counter() - t0
-    with Timer(dev) as tp:
-        tok = prefill()
-    _sync(dev)
-    out, timers = [tok], []
+def _time_decode(runner, prompt, n, dev, reps):
+    """Time ``reps`` prefills (median; the time to the first token is the wall time until the
+    first tokens are on the host) and then n - 1 free-running steps, launched ``per_launch`` at a
+    time and each counted as a k-th of its launch. Returns (tokens [B, n], step ms, prefill dict)."""
+    B, P = prompt.shape
+    pre_ms, ttft = [], []
+    for _ in range(reps):
+        _sync(dev)
+        w0 = time.perf_counter()
+        with Timer(dev) as t:
+            tok = runner.prefill(prompt)
+        first = tok.cpu()
+        ttft.append((time.perf_counter() - w0) * 1e3)
+        _sync(dev)
+        pre_ms.append(t.ms())
+    prefill_ms = statistics.median(pre_ms)
+    out, timers = [first], []
     left = n - 1
     while left > 0:
-        k = min(per_launch, left)
+        k = min(runner.per_launch, left)
         with Timer(dev) as t:
-            toks = list(step(tok, k).unbind(1))
-        out += toks
-        tok = toks[-1]
+            toks = runner.steps(tok, k)
+        out += list(toks.unbind(1))
+        tok = out[-1]
         timers += [(t, k)] * k
         left -= k
     _sync(dev)
-    return torch.stack(out, 1).cpu(), [t.ms() / k for t, k in timers], tp.ms(), setup_s
+    pre = {"prefill_ms": prefill_ms, "prompt_tokens_per_s": B * P * 1e3 / prefill_ms if prefill_ms else None,
+           "ttft_ms": statistics.median(ttft)}
+    return torch.stack([t.cpu() for t in out], 1), [t.ms() / k for t, k in timers], pre
+
+
+@torch.no_grad()
+def _agreement(runner, prompt, base, dev) -> float:
+    """Teacher forcing: prefill, then feed the base's token i and compare the argmax with its token
+    i + 1. The fraction of the base's [B, N] tokens matched."""
+    pred = [runner.prefill(prompt).cpu()]
+    for i in range(base.shape[1] - 1):
+        pred.append(runner.forced(base[:, i].contiguous().to(dev)).cpu())   # strides as free-running
+    return (torch.stack(pred, 1) == base).float().mean().item()
 
 
 def _pct(xs, p):
     if not xs:
         return None
     return xs[min(len(xs) - 1, int(len(xs) * p / 100))]
-
-
-def _sync(dev):
-    if _accel(dev) is not None:
-        _accel(dev).synchronize()
 
 
 def _torchair_superkernel(step):
@@ -230,9 +424,9 @@ def _torchair_superkernel(step):
     config = CompilerConfig()
     config.mode = "max-autotune"        # static graph (GE) mode, which SuperKernel requires
 
-    def scoped(tok):
+    def scoped(tok, pos):
         with torchair.scope.super_kernel("decode_step", ""):
-            return step(tok)
+            return step(tok, pos)
     return torch.compile(scoped, backend=torchair.get_npu_backend(compiler_config=config), dynamic=False,
                          fullgraph=True)
 
@@ -254,135 +448,321 @@ def write_trace(backend, path):
 
 
 def plot(result, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    rows = [r for r in result["results"] if r.get("ms_per_token_median")]
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.bar([r["backend"] for r in rows], [r["ms_per_token_median"] for r in rows], color="tab:blue")
-    if result.get("floor_ms"):
-        ax.axhline(result["floor_ms"], color="tab:red", linestyle="--", label=f"floor {result['floor_ms']:.3f} ms")
-        ax.legend()
-    ax.set_ylabel("ms / token (median)")
-    ax.set_title(f"{result['model']} {result['dtype']} batch {result['batch_size']} on {result['device']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    """ms/step per backend over batch size (several batches), else over prompt length (several
+    lengths), else one bar per backend; the bandwidth floor dashed."""
+    from pathlib import Path
+    rows = [r for r in result["results"] if r.get("ms_per_step") is not None]
+    title = f"{result['model']} {result['dtype']} on {result['device']}"
+    batches = sorted({r["batch_size"] for r in rows})
+    lens = sorted({r["prompt_len"] for r in rows})
+    if len(batches) > 1 or len(lens) > 1:
+        x = "batch_size" if len(batches) > 1 else "prompt_len"
+        fixed = {"prompt_len": lens[0]} if x == "batch_size" else {"batch_size": batches[0]}
+        pick = [dict(r, time="", device="", model="", dtype="") for r in rows]
+        series = table._latest_series(pick, x, "ms_per_step", fixed)
+        floor = table._latest_series(pick, x, "floor_ms", {**fixed, "backend": "megakernel"}).get("megakernel")
+        table.plot_series(series, "batch size" if x == "batch_size" else "prompt length", "ms per decode step",
+                          title, Path(path), floor)
+    else:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        ax.bar([r["backend"] for r in rows], [r["ms_per_step"] for r in rows], color="tab:blue")
+        floor = rows[0].get("floor_ms") if rows else None
+        if floor:
+            ax.axhline(floor, color="tab:red", linestyle="--", label=f"floor {floor:.3f} ms")
+            ax.legend()
+        ax.set_ylabel("ms per decode step (median)")
+        ax.set_title(f"{title}, batch {batches[0] if batches else '-'}", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
     log(f"plot written to {path}")
 
 
-def versions():
-    import triton
-    v = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__}
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except where the default depends on the device (the help says how)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _int_list(flag: str, text: str, least: int = 1) -> list[int]:
     try:
-        import transformers
-        v["transformers"] = transformers.__version__
-    except ImportError:
-        pass
-    return v
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} takes integers separated by commas, got {text!r}") from None
+    if not values:
+        raise UsageError(f"{flag} is empty")
+    bad = [v for v in values if v < least]
+    if bad:
+        raise UsageError(f"{flag} values must be at least {least}, got {bad[0]}")
+    return list(dict.fromkeys(values))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    doc = __doc__.split("\n\n")
+    title = doc[0].split(": ", 1)[1]
+    title = title[0].upper() + title[1:]
+    p = _Parser(prog="python -m megakernel.bench", description=f"{title} {doc[2]}".replace("\n", " "),
+                formatter_class=_Formatter)
+    p.add_argument("-m", "--model", default=None,
+                   help="size alias (0.6b 1.7b 4b 8b 14b 32b), Hugging Face repo id, checkpoint folder, or tiny "
+                        "(a 2-layer random model); default 0.6b on a GPU, tiny on the CPU")
+    p.add_argument("--random-weights", action="store_true",
+                   help="deterministic random weights of the model's shapes (no download)")
+    p.add_argument("--compare", default=None, metavar="NAME[,NAME...]",
+                   help=f"backends to run besides the megakernel, comma-separated, from: {', '.join(PEERS)}; "
+                        f"default {DEFAULT_COMPARE['cuda']} on a GPU, {DEFAULT_COMPARE['cpu']} on the CPU, "
+                        f"hf with --prefill-only")
+    p.add_argument("--batch-size", default="1", metavar="B[,B...]",
+                   help="batch size, or several separated by commas (1,4,8,16)")
+    p.add_argument("--prompt-len", default=None, metavar="P[,P...]",
+                   help="prompt length, or several separated by commas (128,1024,4096); "
+                        f"default {GPU_DEFAULTS['prompt_len']} on a GPU, {CPU_DEFAULTS['prompt_len']} on the CPU")
+    p.add_argument("-n", "--max-new-tokens", "--new-tokens", dest="max_new_tokens", type=int, default=None,
+                   metavar="N",
+                   help="tokens generated per sequence (the first comes from the prefill; 1 times the prefill "
+                        f"only); default {GPU_DEFAULTS['max_new_tokens']} on a GPU, "
+                        f"{CPU_DEFAULTS['max_new_tokens']} on the CPU")
+    p.add_argument("--prefill-only", action="store_true",
+                   help="time the prefill only (the same as --max-new-tokens 1): long prompts stay cheap")
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help="KV cache length; default the longest prompt + max-new-tokens + 8")
+    p.add_argument("--warmup", type=int, default=2, help="untimed prefill + decode rounds before timing (accelerators)")
+    p.add_argument("--steps-per-launch", type=int, default=64,
+                   help="decode steps per launch of the megakernel (greedy), 1 to 64, as generate() runs them; "
+                        "a launch's time counts as that many steps of equal time")
+    p.add_argument("--device", default=None, help="cpu, cuda or npu; default the best available")
+    p.add_argument("--seed", type=int, default=None, help="prompt seed; default a fresh one each run (recorded)")
+    p.add_argument("--force-cpu", action="store_true",
+                   help=f"run a model of more than {CPU_MAX_PARAMS // 1_000_000}M parameters on the CPU anyway "
+                        f"(Triton's interpreter: minutes a step)")
+    p.add_argument("--output-json", default=None, help="also write the JSON result (the last stdout line) here")
+    p.add_argument("--record", default=None,
+                   help="append one row per backend and setting to this results table (bench/results.jsonl)")
+    p.add_argument("--plot", default=None, help="draw ms/step per backend into this PNG file")
+    p.add_argument("--trace", default=None,
+                   help="write the megakernel's per-instruction timeline of its last setting here (Perfetto JSON)")
+    args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.batch_sizes = _int_list("--batch-size", args.batch_size)
+    if args.prefill_only:
+        if args.max_new_tokens not in (None, 1):
+            raise UsageError(f"--prefill-only times no decode step, but --max-new-tokens is {args.max_new_tokens}")
+        args.max_new_tokens = 1
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.prompt_len is not None:
+        args.prompt_lens = _int_list("--prompt-len", args.prompt_len)
+    if args.max_seq_len is not None and args.max_seq_len < 2:
+        raise UsageError(f"--max-seq-len must be at least 2, got {args.max_seq_len}")
+    if args.warmup < 0:
+        raise UsageError(f"--warmup must be at least 0, got {args.warmup}")
+    from .backends import MAX_STEPS_PER_LAUNCH
+    if not 1 <= args.steps_per_launch <= MAX_STEPS_PER_LAUNCH:
+        raise UsageError(f"--steps-per-launch must be between 1 and {MAX_STEPS_PER_LAUNCH}, "
+                         f"got {args.steps_per_launch}")
+    if args.compare is not None:
+        args.compare_list = _backends(args.compare)
+    for flag in ("output_json", "record", "plot", "trace"):
+        path = getattr(args, flag)
+        if path is not None:
+            try:
+                table.check_writable(path, "--" + flag.replace("_", "-"))
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+    return args
+
+
+def _backends(text: str) -> list[str]:
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    bad = [c for c in names if c not in PEERS and c != "megakernel"]
+    if bad:
+        raise UsageError(f"unknown backend {bad[0]!r} in --compare: choose from {', '.join(PEERS)}")
+    return [c for c in dict.fromkeys(names) if c != "megakernel"]
+
+
+def settle(args, dev):
+    """Fill in the device-dependent defaults and check that the settings fit together (before any
+    model is loaded)."""
+    on_cpu = dev.type == "cpu"
+    if args.trace and dev.type != "cuda":
+        raise UsageError("--trace reads the GPU's clocks in the kernel: it needs a CUDA GPU")
+    d = CPU_DEFAULTS if on_cpu else GPU_DEFAULTS
+    if args.model is None:
+        args.model = d["model"]
+    if args.prompt_len is None:
+        args.prompt_lens = _int_list("--prompt-len", d["prompt_len"])
+    if args.max_new_tokens is None:
+        args.max_new_tokens = d["max_new_tokens"]
+    if args.compare is None:
+        args.compare_list = _backends("hf" if args.max_new_tokens == 1 else DEFAULT_COMPARE.get(dev.type, "per-op"))
+    need = max(args.prompt_lens) + max(args.max_new_tokens - 1, 1)   # the prompt, then every decoded token
+    if args.max_seq_len is None:
+        args.max_seq_len = max(args.prompt_lens) + args.max_new_tokens + 8
+    elif args.max_seq_len < need:
+        raise UsageError(f"--max-seq-len {args.max_seq_len} is too short for a {max(args.prompt_lens)}-token "
+                         f"prompt and {args.max_new_tokens} new tokens (needs {need})")
+    if on_cpu and args.model != "tiny" and not args.force_cpu:
+        cfg = _config_of(args.model)
+        if cfg is not None and cfg.num_parameters() > CPU_MAX_PARAMS:
+            raise UsageError(_cpu_refusal(args.model, cfg.num_parameters()))
+
+
+def _cpu_refusal(name, params):
+    return (f"{name} has {params / 1e6:,.0f}M parameters; on the CPU the kernels run through Triton's interpreter, "
+            f"minutes a decode step: run on a GPU, leave out --model for the tiny CPU model, or pass --force-cpu")
+
+
+def _config_of(name):
+    """The model's shapes without loading it: a size alias or a checkpoint folder; None otherwise."""
+    from pathlib import Path
+    from models.qwen3.config import Qwen3Config
+    from models.qwen3.weights import preset_for
+    cfg = preset_for(name)
+    folder = Path(name).expanduser()
+    if cfg is None and (folder / "config.json").is_file():
+        try:
+            cfg = Qwen3Config.from_json(folder / "config.json")
+        except (OSError, ValueError):
+            return None   # load_model reports it
+    return cfg
+
+
+def tiny_model(dev, dtype=None):
+    """A 2-layer random Qwen3 of toy shapes: the bench's default on the CPU, where the kernels run
+    through Triton's interpreter. Its timings say nothing about a GPU."""
+    from models.qwen3.config import Qwen3Config
+    from models.qwen3.weights import random_weights
+    from .model import Qwen3Model
+    cfg = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=512)
+    w = random_weights(cfg, seed=0, dtype=dtype or devices.default_dtype(dev), device=dev)
+    return Qwen3Model("tiny", cfg, w, None, None)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m megakernel.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="0.6b")
-    ap.add_argument("--compare", default="per-op,superkernel", help=f"comma list of: {', '.join(PEERS)}")
-    ap.add_argument("--random-weights", action="store_true")
-    ap.add_argument("--batch-size", type=int, default=1)
-    ap.add_argument("--prompt-len", default="128", help="one length or a comma list")
-    ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--max-seq-len", type=int, default=None)
-    ap.add_argument("--steps-per-launch", type=int, default=64,
-                    help="decode steps per launch of the megakernel (greedy), 1 to 64, as generate() runs them; "
-                         "a launch's time counts as that many steps of equal time")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--seed", type=int, default=None, help="prompt seed (default: fresh each run)")
-    ap.add_argument("--output-json")
-    ap.add_argument("--plot")
-    ap.add_argument("--trace")
-    args = ap.parse_args(argv)
     try:
+        args = parse_args(argv)
         result = bench(args)
-    except (ValueError, RuntimeError, OSError, MemoryError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (UsageError, ValueError, RuntimeError, OSError, MemoryError) as e:
+        sys.stdout.flush()
+        print(f"error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
         return 2
-    line = json.dumps(result)
-    if args.output_json:
-        with open(args.output_json, "w") as f:
-            f.write(json.dumps(result, indent=1) + "\n")
-    if args.plot:
-        plot(result, args.plot)
-    print(line)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    print(json.dumps(result))
     return 0
 
 
-def bench(args):
+def bench(args) -> dict:
     from . import load_model
-    compare = [c for c in args.compare.split(",") if c]
-    bad = [c for c in compare if c not in PEERS]
-    if bad:
-        raise ValueError(f"unknown backend {bad[0]!r} in --compare: choose from {', '.join(PEERS)}")
-    lens = [int(x) for x in args.prompt_len.split(",")]
-    from .backends import MAX_STEPS_PER_LAUNCH
-    if not 1 <= args.steps_per_launch <= MAX_STEPS_PER_LAUNCH:
-        raise ValueError(f"--steps-per-launch must be between 1 and {MAX_STEPS_PER_LAUNCH}")
-    if args.new_tokens < 2:
-        raise ValueError("--new-tokens must be at least 2")
-    model = load_model(args.model, random_weights=args.random_weights, device=args.device)
-    dev, cfg = model.device, model.config
-    args.max_seq_len = args.max_seq_len or max(lens) + args.new_tokens + 8
+    dev = devices.resolve(args.device)
+    settle(args, dev)
+    if args.model == "tiny":
+        model = tiny_model(dev)
+    else:
+        model = load_model(args.model, random_weights=args.random_weights, device=dev)
+        if dev.type == "cpu" and model.config.num_parameters() > CPU_MAX_PARAMS and not args.force_cpu:
+            raise UsageError(_cpu_refusal(args.model, model.config.num_parameters()))
+    cfg = model.config
     seed = args.seed if args.seed is not None else int(time.time())
     g = torch.Generator().manual_seed(seed)
     bw = copy_bandwidth_gbps(dev)
-    out_results = []
-    for plen in lens:
-        prompt = torch.randint(0, cfg.vocab_size, (args.batch_size, plen), generator=g)
-        positions = [plen + i for i in range(args.new_tokens - 1)]
-        per_step = [step_bytes(model, args.batch_size, [p] * args.batch_size) for p in positions]
-        nbytes = statistics.mean(per_step)
-        floor_ms = nbytes / (bw * 1e9) * 1e3 if bw else None
-        rows, base = [], None
-        for name in ["megakernel"] + [c for c in compare if c != "megakernel"]:
-            log(f"[{plen}] {name} ...")
-            try:
-                res, toks = run_backend(name, model, prompt, args, dev)
-                if base is None:
-                    base = toks
-                match = (toks == base)
-                res["tokens_match"] = bool(match.all())
-                res["tokens_match_frac"] = round(match.float().mean().item(), 4)
-            except Exception as e:  # a failing backend is reported; the others still run
-                res = {"backend": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}",
-                       "tokens_match": None}
-            med = res.get("ms_per_token_median")
-            res["gbps"] = nbytes / (med * 1e-3) / 1e9 if med else None
-            res["pct_of_floor"] = 100 * floor_ms / med if (med and floor_ms) else None
-            rows.append(res)
-        mk_ms = rows[0].get("ms_per_token_median")
-        for r in rows:
-            m = r.get("ms_per_token_median")
-            r["speedup_vs_megakernel"] = (m / mk_ms) if (m and mk_ms) else None
-            for k in ("prefill_ms", "ms_per_token_median", "ms_per_token_p10", "ms_per_token_p90", "tokens_per_s",
-                      "gbps", "pct_of_floor", "speedup_vs_megakernel"):
-                r.setdefault(k, None)
-                if isinstance(r[k], float):
-                    r[k] = round(r[k], 4)
-        out_results.append((plen, nbytes, floor_ms, rows))
-    plen, nbytes, floor_ms, rows = out_results[0]
-    result = {
-        "device": _device_name(dev),
-        "versions": versions(), "command": "python -m megakernel.bench " + " ".join(sys.argv[1:]),
-        "model": args.model, "weights": "random" if model.random_weights else str(model.checkpoint),
-        "dtype": str(model.dtype).replace("torch.", ""), "batch_size": args.batch_size, "prompt_len": plen,
-        "new_tokens": args.new_tokens, "prompt_seed": seed, "copy_gbps": round(bw, 1) if bw else None,
-        "bytes_per_step": int(nbytes), "floor_ms": round(floor_ms, 4) if floor_ms else None, "results": rows,
-    }
-    if len(out_results) > 1:
-        result["by_prompt_len"] = [{"prompt_len": p, "bytes_per_step": int(n), "floor_ms": f, "results": r}
-                                   for p, n, f, r in out_results]
-    print_card(result)
-    for p, n, f, r in out_results:
-        print_table(p, r)
+    commit, dirty = table.git_state()
+    now = datetime.now(timezone.utc)
+    run = {"run": f"{now:%Y%m%dT%H%M%SZ}-{(commit or 'nogit')[:7]}", "time": now.isoformat(timespec="seconds"),
+           "command": shlex.join(["python", "-m", "megakernel.bench", *args.argv]),
+           "device": _device_name(dev), "versions": table.versions(), "git_commit": commit, "git_dirty": dirty,
+           "model": args.model, "weights": "random" if model.random_weights else str(model.checkpoint),
+           "dtype": str(model.dtype).replace("torch.", ""), "copy_gbps": round(bw, 1) if bw else None,
+           "prompt_seed": seed}
+    result = {**run, "batch_sizes": args.batch_sizes, "prompt_lens": args.prompt_lens,
+              "new_tokens": args.max_new_tokens, "max_seq_len": args.max_seq_len,
+              "backends": ["megakernel"] + args.compare_list, "results": []}
+    shared = {}
+    print_card(result, model)
+    try:
+        for B in args.batch_sizes:
+            for P in args.prompt_lens:
+                prompt = torch.randint(0, cfg.vocab_size, (B, P), generator=g)
+                result["results"] += run_setting(model, prompt, args, dev, bw, shared)
+    finally:
+        _finish_rows(result["results"])
+        _write_outputs(result, run, args)
+    print_tables(result)
     return result
+
+
+def run_setting(model, prompt, args, dev, bw, shared) -> list[dict]:
+    """Every backend at one batch size and prompt length; the megakernel first, as the base."""
+    B, P = prompt.shape
+    n = args.max_new_tokens
+    positions = [P + i for i in range(n - 1)]
+    nbytes = statistics.mean(step_bytes(model, [p] * B) for p in positions) if positions else None
+    floor_ms = nbytes / (bw * 1e9) * 1e3 if (bw and nbytes) else None
+    rows, base = [], None
+    for name in ["megakernel"] + args.compare_list:
+        log(f"[batch {B}, prompt {P}] {name} ...")
+        try:
+            row, toks = run_backend(name, model, prompt, args, dev, shared, base)
+            if name == "megakernel":
+                base = toks
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # a failing backend is reported in its row; the others still run
+            row = {"backend": name, "implementation": IMPLEMENTATION[name],
+                   "error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
+            log(f"[batch {B}, prompt {P}] {name} failed: {row['error']}")
+        med = row.get("ms_per_step")
+        row.update(batch_size=B, prompt_len=P, new_tokens=n, max_seq_len=args.max_seq_len, floor_ms=floor_ms,
+                   bytes_per_step=int(nbytes) if nbytes else None,
+                   gbps=nbytes / (med * 1e-3) / 1e9 if (med and nbytes) else None,
+                   pct_of_floor=100 * floor_ms / med if (med and floor_ms) else None)
+        rows.append(row)
+    return rows
+
+
+def _finish_rows(rows):
+    """Ratios between rows (to the megakernel of the same setting, to batch 1 of the same backend
+    and prompt), every field present, floats rounded."""
+    by = {(r["backend"], r["batch_size"], r["prompt_len"]): r.get("ms_per_step") for r in rows}
+    for r in rows:
+        m = r.get("ms_per_step")
+        mk = by.get(("megakernel", r["batch_size"], r["prompt_len"]))
+        b1 = by.get((r["backend"], 1, r["prompt_len"]))
+        r["speedup_vs_megakernel"] = m / mk if (m and mk) else None
+        r["ratio_to_batch1"] = m / b1 if (m and b1) else None
+        for k in table.CONFIG_FIELDS + table.MEASURE_FIELDS:
+            r.setdefault(k, None)
+            if isinstance(r[k], float):
+                r[k] = round(r[k], 4)
+
+
+def _write_outputs(result, run, args):
+    """The JSON file and the table rows, written also where a backend (or the run) failed part-way."""
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            f.write(json.dumps(result, indent=1) + "\n")
+    if args.record and result["results"]:
+        table.append_rows(args.record, [{**run, **r} for r in result["results"]])
+        log(f"{len(result['results'])} rows appended to {args.record}")
+    if args.plot and any(r.get("ms_per_step") for r in result["results"]):
+        plot(result, args.plot)
 
 
 def _device_name(dev) -> str:
@@ -393,31 +773,54 @@ def _device_name(dev) -> str:
     return "cpu (Triton interpreter: timings are not GPU timings)"
 
 
-def print_card(r):
+def print_card(r, model):
     print(f"device      {r['device']}")
     print(f"versions    {' '.join(f'{k} {v}' for k, v in r['versions'].items())}")
-    print(f"model       {r['model']} ({r['weights']} weights) {r['dtype']}, batch {r['batch_size']}, "
-          f"prompt {r['prompt_len']}, {r['new_tokens']} new tokens")
+    dirty = " (uncommitted changes)" if r["git_dirty"] else ""
+    print(f"code        {r['git_commit'] or 'not a git checkout'}{dirty}")
+    print(f"model       {r['model']} ({r['weights']} weights, {model.config.num_parameters() / 1e6:,.1f}M "
+          f"parameters) {r['dtype']}")
+    print(f"setting     batch {','.join(map(str, r['batch_sizes']))}; prompt {','.join(map(str, r['prompt_lens']))}; "
+          f"{r['new_tokens']} new tokens; max_seq_len {r['max_seq_len']}; prompt seed {r['prompt_seed']}")
     bw = f"{r['copy_gbps']:.0f} GB/s" if r["copy_gbps"] else "not measured (no GPU)"
-    fl = f"{r['floor_ms']:.3f} ms/token" if r["floor_ms"] else "n/a"
     print(f"copy bw     {bw}")
-    print(f"bytes/step  {r['bytes_per_step'] / 1e6:.1f} MB   floor {fl}")
+    print(f"weights     {model.weights.nbytes() / 1e6:.1f} MB read each step, plus every sequence's KV cache")
+    sys.stdout.flush()
 
 
-def print_table(plen, rows):
-    print(f"\nprompt {plen}:")
-    hdr = f"{'backend':<14}{'prefill ms':>11}{'median':>9}{'p10':>9}{'p90':>9}{'tok/s':>9}{'GB/s':>8}" \
-          f"{'% floor':>9}{'vs mk':>7}  tokens"
-    print(hdr)
+def print_tables(result):
     f = lambda v, w, d=3: f"{v:>{w}.{d}f}" if isinstance(v, (int, float)) else f"{'-':>{w}}"  # noqa: E731
-    for r in rows:
-        if "error" in r:
-            print(f"{r['backend']:<14}  ERROR: {r['error']}")
+    rows = result["results"]
+    decode = [r for r in rows if r.get("ms_per_step") is not None or r.get("error")]
+    if result["new_tokens"] > 1:
+        for P in result["prompt_lens"]:
+            mine = [r for r in decode if r["prompt_len"] == P]
+            if not mine:
+                continue
+            print(f"\ndecode, prompt {P}, {result['new_tokens']} new tokens (floor: ms/step at the copy "
+                  f"bandwidth; x b1: ms/step over batch 1's; vs mk: over the megakernel's):")
+            print(f"{'batch':>5}{'floor':>7}  {'backend':<14}{'ms/step':>9}{'p10':>9}{'p90':>9}{'tok/s':>10}"
+                  f"{'x b1':>8}{'GB/s':>8}{'% floor':>9}{'vs mk':>8}{'compile s':>10}{'agree':>7}  graphs")
+            for r in mine:
+                if r.get("error"):
+                    print(f"{r['batch_size']:>5}{'':>7}  {r['backend']:<14}ERROR: {r['error']}")
+                    continue
+                graphs = {True: "yes", False: f"NO: {r.get('cudagraph_skip')}", None: ""}[r.get("cuda_graphs")]
+                print(f"{r['batch_size']:>5}{f(r['floor_ms'], 7)}  {r['backend']:<14}{f(r['ms_per_step'], 9)}"
+                      f"{f(r['ms_per_step_p10'], 9)}{f(r['ms_per_step_p90'], 9)}{f(r['tokens_per_s'], 10, 1)}"
+                      f"{f(r['ratio_to_batch1'], 8, 2)}{f(r['gbps'], 8, 0)}{f(r['pct_of_floor'], 9, 1)}"
+                      f"{f(r['speedup_vs_megakernel'], 8, 2)}{f(r['compile_s'], 10, 1)}"
+                      f"{f(r['token_agreement'], 7, 3)}  {graphs}")
+    print("\nprefill (median of the timed prefills; TTFT: until the first tokens are on the host):")
+    print(f"{'prompt':>6}{'batch':>6}  {'backend':<14}{'prefill ms':>11}{'prompt tok/s':>14}{'TTFT ms':>10}")
+    for r in sorted(rows, key=lambda r: (r["prompt_len"], r["batch_size"])):
+        if r.get("error"):
+            if result["new_tokens"] == 1:
+                print(f"{r['prompt_len']:>6}{r['batch_size']:>6}  {r['backend']:<14}ERROR: {r['error']}")
             continue
-        print(f"{r['backend']:<14}{f(r['prefill_ms'], 11, 2)}{f(r['ms_per_token_median'], 9)}"
-              f"{f(r['ms_per_token_p10'], 9)}{f(r['ms_per_token_p90'], 9)}{f(r['tokens_per_s'], 9, 1)}"
-              f"{f(r['gbps'], 8, 0)}{f(r['pct_of_floor'], 9, 1)}{f(r['speedup_vs_megakernel'], 7, 2)}  "
-              f"{'match' if r['tokens_match'] else 'DIFFER (' + str(r.get('tokens_match_frac')) + ')'}")
+        print(f"{r['prompt_len']:>6}{r['batch_size']:>6}  {r['backend']:<14}{f(r['prefill_ms'], 11, 2)}"
+              f"{f(r['prompt_tokens_per_s'], 14, 0)}{f(r['ttft_ms'], 10, 2)}")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

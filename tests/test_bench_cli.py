@@ -1,43 +1,153 @@
-"""``python -m megakernel.bench`` on the CPU: the card, the table and the JSON last line, with a
-failing backend reported while the others still run."""
+"""``python -m megakernel.bench`` on the CPU: tables over batch sizes and prompt lengths, the JSON last
+line, the results table and what bench/render draws from it, a failing backend reported while the
+others still run, and bad settings refused before any work."""
 
 import json
 import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from conftest import REPO
 
-FIELDS = ("device", "versions", "command", "model", "dtype", "batch_size", "prompt_len", "new_tokens",
-          "copy_gbps", "bytes_per_step", "floor_ms", "results")
-RESULT_FIELDS = ("backend", "prefill_ms", "ms_per_token_median", "ms_per_token_p10", "ms_per_token_p90",
-                 "tokens_per_s", "gbps", "pct_of_floor", "tokens_match")
+SHAPE = dict(hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16)
 
 
-def test_bench_json_and_a_failing_backend(tiny_checkpoint, tmp_path):
-    tiny = tiny_checkpoint(hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16)
+def run_bench(*args, timeout=900):
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(torch.get_num_threads()))
-    out_json, plot = tmp_path / "b.json", tmp_path / "b.png"
+    return subprocess.run([sys.executable, "-m", "megakernel.bench", *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_bench_records_rows_and_render_draws_them(tiny_checkpoint, tmp_path):
+    from megakernel import results
+    tiny = tiny_checkpoint(**SHAPE)
+    out_json, plot, table = tmp_path / "b.json", tmp_path / "b.png", tmp_path / "results.jsonl"
     # cuda-graph needs a CUDA GPU: on the CPU it fails, and the others must still report
-    r = subprocess.run([sys.executable, "-m", "megakernel.bench", "--model", str(tiny.folder), "--compare",
-                        "per-op,superkernel,cuda-graph", "--prompt-len", "5", "--new-tokens", "4",
-                        "--output-json", str(out_json), "--plot", str(plot)],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_bench("-m", tiny.folder, "--compare", "per-op,cuda-graph", "--batch-size", "1,2", "--prompt-len", "4,6",
+                  "-n", 3, "--output-json", out_json, "--plot", plot, "--record", table)
+    assert r.returncode == 0, r.stderr[-3000:]
     last = json.loads(r.stdout.strip().splitlines()[-1])
-    for f in FIELDS:
-        assert f in last, f
     assert "interpreter" in last["device"]
-    rows = {row["backend"]: row for row in last["results"]}
-    assert list(rows) == ["megakernel", "per-op", "superkernel", "cuda-graph"]
-    for name in ("megakernel", "per-op", "superkernel"):
-        for f in RESULT_FIELDS:
-            assert f in rows[name], (name, f)
-        assert rows[name]["tokens_match"] is True, name
-        assert rows[name]["ms_per_token_median"] > 0
-    assert "CUDA" in rows["cuda-graph"]["error"] and rows["cuda-graph"]["tokens_match"] is None
-    assert "ERROR" in r.stdout          # the table shows the failure in its row
-    assert json.loads(out_json.read_text())["results"][0]["backend"] == "megakernel"
+    assert last["batch_sizes"] == [1, 2] and last["prompt_lens"] == [4, 6] and last["new_tokens"] == 3
+    settings = [(B, P) for B in (1, 2) for P in (4, 6)]
+    got = [(row["batch_size"], row["prompt_len"], row["backend"]) for row in last["results"]]
+    assert got == [(B, P, name) for B, P in settings for name in ("megakernel", "per-op", "cuda-graph")]
+    for row in last["results"]:
+        if row["backend"] == "cuda-graph":
+            assert "CUDA" in row["error"] and row["ms_per_step"] is None
+            continue
+        assert row["error"] is None
+        assert row["ms_per_step"] > 0 and row["prefill_ms"] > 0 and row["ttft_ms"] >= row["prefill_ms"] * 0.5
+        assert row["tokens_per_s"] == pytest.approx(row["batch_size"] * 1e3 / row["ms_per_step"], rel=1e-3)
+        # teacher forcing: the per-op launches agree with the megakernel's tokens, and so do the
+        # megakernel's own one-step launches with its multi-step ones
+        assert row["token_agreement"] == 1.0 and row["tokens_match"] is True
+        assert row["bytes_per_step"] > 0
+        b1 = next(x for x in last["results"] if (x["backend"], x["batch_size"], x["prompt_len"]) ==
+                  (row["backend"], 1, row["prompt_len"]))
+        assert row["ratio_to_batch1"] == pytest.approx(row["ms_per_step"] / b1["ms_per_step"], rel=1e-3)
+    # the floor counts every sequence's KV cache: batch 2 reads more bytes a step than batch 1
+    mk = {(x["batch_size"], x["prompt_len"]): x for x in last["results"] if x["backend"] == "megakernel"}
+    assert mk[(2, 4)]["bytes_per_step"] > mk[(1, 4)]["bytes_per_step"]
+    assert "ERROR" in r.stdout and "decode, prompt 4" in r.stdout and "prefill" in r.stdout
+    assert json.loads(out_json.read_text())["results"] == last["results"]
     assert plot.stat().st_size > 1000
+
+    # the results table: one row per backend and setting, every field, the run's facts in each
+    rows = results.read_rows(table)
+    assert len(rows) == len(last["results"])
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    for row in rows:
+        assert set(row) == set(results.ROW_FIELDS)
+        assert row["command"].startswith("python -m megakernel.bench -m ") and "--record" in row["command"]
+        assert row["git_commit"] == commit.strip() and isinstance(row["git_dirty"], bool)
+        assert {"torch", "triton", "transformers"} <= set(row["versions"])
+        assert row["model"] == str(tiny.folder) and row["dtype"] == "float32" and row["new_tokens"] == 3
+        assert row["run"] == rows[0]["run"] and row["time"] == rows[0]["time"]
+    assert [(x["batch_size"], x["prompt_len"], x["backend"], x["ms_per_step"]) for x in rows] == \
+        [(x["batch_size"], x["prompt_len"], x["backend"], x["ms_per_step"]) for x in last["results"]]
+
+    # bench/render: the headline in the README's block and the plots, from the table
+    readme = tmp_path / "README.md"
+    readme.write_text("# t\n\n## Results\n\n<!-- results:begin -->\nstale\n<!-- results:end -->\n\nafter\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    rr = subprocess.run([sys.executable, "-m", "bench.render", "--table", str(table), "--readme", str(readme),
+                         "--plots", str(tmp_path / "plots"), "--include-cpu"], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=300)
+    assert rr.returncode == 0, rr.stderr
+    text = readme.read_text()
+    assert "stale" not in text and text.startswith("# t\n") and text.endswith("after\n")
+    block = text[text.index(results.MARK_BEGIN):text.index(results.MARK_END)]
+    lines = [ln for ln in block.splitlines() if ln.startswith("| ") and not ln.startswith("| ---")]
+    assert "megakernel ms/step" in lines[0] and "per-op ms/step" in lines[0] and "cuda-graph" not in lines[0]
+    assert len(lines) == 3    # the header, then batch 1 and batch 2 (at the shortest prompt)
+    for B, line in zip((1, 2), lines[1:]):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[3] == str(B) and cells[4] == "4 + 3"
+        assert cells[6] == f"{mk[(B, 4)]['ms_per_step']:.3f}"
+    plots = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert [p.rsplit("-", 1)[1] for p in plots] == ["batch.png", "context.png", "prefill.png"], plots
+    assert all((tmp_path / "plots" / p).stat().st_size > 1000 for p in plots)
+    # CPU rows stay out of the headline unless asked for
+    assert "No recorded runs" in results.headline_markdown(rows)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch-size", "0"], "--batch-size values must be at least 1"),
+    (["--batch-size", "-1"], "--batch-size values must be at least 1"),
+    (["--batch-size", "1,two"], "--batch-size takes integers"),
+    (["--prompt-len", "0"], "--prompt-len values must be at least 1"),
+    (["--max-seq-len", "4", "--prompt-len", "8"], "--max-seq-len 4 is too short"),
+    (["--max-seq-len", "0"], "--max-seq-len must be at least 2"),
+    (["--compare", "per-op,warp-drive"], "unknown backend 'warp-drive'"),
+    (["--output-json", "/nonexistent/dir/x.json"], "--output-json /nonexistent/dir/x.json: no directory"),
+    (["--record", "/nonexistent/dir/r.jsonl"], "--record /nonexistent/dir/r.jsonl: no directory"),
+    (["-n", "0"], "--max-new-tokens must be at least 1"),
+    (["--prefill-only", "-n", "8"], "--prefill-only times no decode step"),
+    (["--steps-per-launch", "65"], "--steps-per-launch must be between 1 and 64"),
+    (["--model", "0.6b"], "--force-cpu"),
+    (["--trace", "/tmp/t.json"], "--trace reads the GPU's clocks"),
+    (["--frobnicate"], "unrecognized arguments"),
+])
+def test_bad_settings_are_refused_before_any_work(argv, message, capsys):
+    from megakernel import bench
+    assert bench.main(argv + ["--device", "cpu"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""    # no card: nothing was loaded or run
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+
+
+def test_cpu_defaults_size_themselves(monkeypatch, capsys):
+    """On the CPU the defaults are the tiny model and a short run; real sizes need --force-cpu."""
+    from megakernel import bench
+    cpu = torch.device("cpu")
+    args = bench.parse_args([])
+    bench.settle(args, cpu)
+    assert (args.model, args.prompt_lens, args.max_new_tokens) == ("tiny", [16], 8)
+    assert args.compare_list == ["per-op", "superkernel"]
+    assert args.max_seq_len > 16 + 8
+    assert bench.tiny_model(cpu).config.num_parameters() < bench.CPU_MAX_PARAMS
+    args = bench.parse_args(["-m", "8b", "--force-cpu"])
+    bench.settle(args, cpu)              # forced: no refusal
+    args = bench.parse_args(["--prefill-only", "--prompt-len", "32"])
+    bench.settle(args, cpu)
+    assert args.max_new_tokens == 1 and args.compare_list == ["hf"]
+    # the old flag name still works
+    assert bench.parse_args(["--new-tokens", "5"]).max_new_tokens == 5
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bench, "bench", interrupted)
+    assert bench.main([]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+
+
+def test_help_shows_defaults_without_rest_quoting():
+    r = run_bench("--help", timeout=120)
+    assert r.returncode == 0
+    assert "``" not in r.stdout and "(default: 1)" in r.stdout and "(default: 64)" in r.stdout
+    assert "-n N, --max-new-tokens N, --new-tokens N" in r.stdout and "-m MODEL, --model MODEL" in r.stdout

@@ -154,32 +154,3 @@ class Qwen3Reference:
         self.cache.lengths += 1
         return torch.stack(out)
 
-
-@torch.no_grad()
-def decode_static(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
-    """One decode step for the whole batch with static shapes and no host synchronisation (for
-    ``torch.compile``): token b goes at position lengths[b]; attention masks the full cache.
-    Returns float32 logits [B, V] and advances ``cache.lengths``."""
-    B = tokens.shape[0]
-    D, S = cfg.head_dim, cache.max_seq_len
-    pos = cache.lengths.long()                                    # [B]
-    cos, sin = rope_cos_sin(pos, D, cfg.rope_theta, w.dtype)      # [B, D]
-    cos, sin = cos[:, None], sin[:, None]
-    mask = torch.arange(S, device=tokens.device)[None, :] <= pos[:, None]     # [B, S]
-    bidx = torch.arange(B, device=tokens.device)
-    x = w.embed[tokens.long()]                                    # [B, H]
-    for l in range(cfg.num_hidden_layers):
-        q, k, v = _qkv(cfg, w, l, x, cos, sin)                           # [B, heads, D]
-        cache.k[l][bidx, :, pos] = k
-        cache.v[l][bidx, :, pos] = v
-        kk = cache.k[l].repeat_interleave(cfg.group_size, dim=1)  # [B, Hq, S, D]
-        vv = cache.v[l].repeat_interleave(cfg.group_size, dim=1)
-        scores = torch.einsum("bhd,bhsd->bhs", q, kk) * D ** -0.5
-        scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        o = torch.einsum("bhs,bhsd->bhd", probs, vv).reshape(B, cfg.q_size)
-        x = x + o @ w.wo[l].T
-        x = _mlp_residual(cfg, w, l, x)
-    logits = (rmsnorm(x, w.final_norm, cfg.rms_norm_eps) @ w.lm_head.T).float()
-    cache.lengths += 1
-    return logits

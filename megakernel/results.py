@@ -1,0 +1,272 @@
+"""The results table: ``bench/results.jsonl``, one JSON object a line, one line per backend of each
+(batch size, prompt length) of a recorded bench run; and what is drawn from it, the README's
+headline table and the plots (``python -m bench.render``).
+
+Every row carries the run it came from (``run``, ``time``, ``command``, ``device``, ``versions``,
+``git_commit``, ``git_dirty``), the setting (``model``, ``weights``, ``dtype``, ``batch_size``,
+``prompt_len``, ``new_tokens``, ``max_seq_len``) and the measurements (``ms_per_step``: the median
+decode step of the whole batch; ``prefill_ms``; ``pct_of_floor``; ...; ``error`` where the backend
+failed). ``ROW_FIELDS`` lists them all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RUN_FIELDS = ("run", "time", "command", "device", "versions", "git_commit", "git_dirty", "model", "weights",
+              "dtype", "copy_gbps", "prompt_seed")
+CONFIG_FIELDS = ("batch_size", "prompt_len", "new_tokens", "max_seq_len")
+MEASURE_FIELDS = ("backend", "implementation", "ms_per_step", "ms_per_step_p10", "ms_per_step_p90", "tokens_per_s",
+                  "ratio_to_batch1", "prefill_ms", "prompt_tokens_per_s", "ttft_ms", "floor_ms", "pct_of_floor",
+                  "bytes_per_step", "gbps", "speedup_vs_megakernel", "token_agreement", "tokens_match",
+                  "compile_s", "setup_s", "steps_per_launch", "cuda_graphs", "cudagraph_skip", "error")
+ROW_FIELDS = RUN_FIELDS + CONFIG_FIELDS + MEASURE_FIELDS
+BACKEND_ORDER = ("megakernel", "cuda-graph", "torch-compile", "hf-compile", "superkernel", "per-op", "hf", "reference")
+CODE_PATHS = ("megakernel", "instructions", "scheduler", "models", "pyproject.toml")
+MARK_BEGIN, MARK_END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+# ---------------------------------------------------------------------------------------------
+# What a run records about itself
+
+
+def git_state(root: Path = REPO) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the checkout the code runs from; dirty means tracked changes under the
+    code paths (the results table, plots and README change between a run and its commit, so they
+    do not count). (None, None) outside a git checkout."""
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
+                                 *CODE_PATHS], capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    return commit or None, bool(status.strip())
+
+
+def versions() -> dict:
+    """Python, torch, Triton, transformers, and on a CUDA machine the CUDA runtime and the driver."""
+    import torch
+    import triton
+    v = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__}
+    try:
+        import transformers
+        v["transformers"] = transformers.__version__
+    except ImportError:
+        v["transformers"] = None
+    if torch.cuda.is_available():
+        v["cuda"] = torch.version.cuda
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20, check=True).stdout
+            v["driver"] = out.split()[0] if out.split() else None
+        except (OSError, subprocess.SubprocessError):
+            v["driver"] = None
+    return v
+
+
+# ---------------------------------------------------------------------------------------------
+# The table file
+
+
+def check_writable(path: str, flag: str):
+    """Raise ValueError naming ``flag`` where ``path`` cannot be written (checked before any work)."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag} {path}: is a directory")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: no directory {parent}")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ValueError(f"{flag} {path}: not writable")
+
+
+def append_rows(path: str | Path, rows: list[dict]):
+    with open(path, "a") as f:
+        for r in rows:
+            f.write(json.dumps({k: r.get(k) for k in ROW_FIELDS}) + "\n")
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    rows = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{i}: not a JSON object ({e})") from None
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# The headline
+
+
+def _is_cpu(row) -> bool:
+    return str(row.get("device", "")).startswith("cpu")
+
+
+def headline(rows: list[dict], include_cpu: bool = False) -> list[dict]:
+    """The latest decode measurement per (device, model, dtype, batch, backend): rows with a
+    ms/step and no error, from the latest run that has one; within that run, its shortest prompt
+    (the headline is decode speed at short context; longer ones go to the plots)."""
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        if r.get("ms_per_step") is None or r.get("error") or (_is_cpu(r) and not include_cpu):
+            continue
+        key = (r["device"], r["model"], r["dtype"], r["batch_size"], r["backend"])
+        old = best.get(key)
+        if old is None or (r["time"], -r["prompt_len"]) > (old["time"], -old["prompt_len"]):
+            best[key] = r
+    return sorted(best.values(), key=lambda r: (r["device"], r["model"], r["dtype"], r["batch_size"],
+                                                _backend_rank(r["backend"])))
+
+
+def _backend_rank(name: str) -> int:
+    return BACKEND_ORDER.index(name) if name in BACKEND_ORDER else len(BACKEND_ORDER)
+
+
+def _model_key(name: str):
+    """0.6b < 1.7b < 8b < 14b; other names after, alphabetically."""
+    m = re.fullmatch(r"([0-9.]+)b", str(name).lower())
+    return (0, float(m.group(1)), "") if m else (1, 0.0, str(name))
+
+
+def headline_markdown(rows: list[dict], include_cpu: bool = False) -> str:
+    """The README's table: one line per device, model, dtype and batch; ms/step of each backend
+    (the latest run of each), the megakernel's % of the bandwidth floor, and the runs used."""
+    picked = headline(rows, include_cpu)
+    if not picked:
+        return "_No recorded runs yet: `python -m megakernel.bench --record bench/results.jsonl` on a GPU, then " \
+               "`python -m bench.render`._"
+    backends = sorted({r["backend"] for r in picked}, key=_backend_rank)
+    groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for r in picked:
+        groups[(r["device"], r["model"], r["dtype"], r["batch_size"])][r["backend"]] = r
+    head = ["device", "model", "dtype", "batch", "prompt + new", "floor ms"] + \
+        [f"{b} ms/step" for b in backends] + ["megakernel % of floor", "runs"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for key in sorted(groups, key=lambda k: (k[0], _model_key(k[1]), k[2], k[3])):
+        cells = groups[key]
+        mk = cells.get("megakernel")
+        ref = mk or next(iter(cells.values()))
+        runs = sorted({f"{r['time'][:10]} {str(r.get('git_commit') or '?')[:7]}{'+' if r.get('git_dirty') else ''}"
+                       for r in cells.values()})
+        row = [str(key[0]), str(key[1]), str(key[2]), str(key[3]), f"{ref['prompt_len']} + {ref['new_tokens']}",
+               _fmt(ref.get("floor_ms"))]
+        row += [_fmt(cells[b]["ms_per_step"]) if b in cells else "-" for b in backends]
+        row += [_fmt(mk.get("pct_of_floor"), 1) if mk else "-", ", ".join(runs)]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    lines.append("ms/step: median time of one decode step of the whole batch (lower is better); `+` after a "
+                 "commit: the run had uncommitted code changes. Every row: `bench/results.jsonl`.")
+    return "\n".join(lines)
+
+
+def _fmt(v, digits=3) -> str:
+    return f"{v:.{digits}f}" if isinstance(v, (int, float)) else "-"
+
+
+def replace_block(text: str, block: str) -> str:
+    """``text`` with everything between the results markers replaced by ``block``."""
+    i, j = text.find(MARK_BEGIN), text.find(MARK_END)
+    if i < 0 or j < i:
+        raise ValueError(f"no {MARK_BEGIN} ... {MARK_END} markers")
+    return text[:i + len(MARK_BEGIN)] + "\n" + block.rstrip() + "\n" + text[j:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+
+
+def _slug(*parts) -> str:
+    return "-".join(re.sub(r"[^a-z0-9.]+", "-", str(p).lower()).strip("-") for p in parts)
+
+
+def _latest_series(rows, x_field: str, y_field: str, fixed: dict):
+    """{backend: [(x, y)]}: per backend and x, the latest row matching ``fixed`` that has y."""
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        if r.get(y_field) is None or r.get("error") or any(r.get(k) != v for k, v in fixed.items()):
+            continue
+        key = (r["backend"], r[x_field])
+        if key not in best or r["time"] > best[key]["time"]:
+            best[key] = r
+    series: dict[str, list] = defaultdict(list)
+    for (backend, x), r in sorted(best.items(), key=lambda kv: (_backend_rank(kv[0][0]), kv[0][1])):
+        series[backend].append((x, r[y_field]))
+    return series
+
+
+def plot_series(series: dict, xlabel: str, ylabel: str, title: str, path: Path, floor=None):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for backend, pts in series.items():
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, marker="o", label=backend)
+    if floor:
+        xs, ys = zip(*floor)
+        ax.plot(xs, ys, color="black", linestyle="--", label="bandwidth floor")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ticks = sorted({x for pts in series.values() for x, _ in pts})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_rows(rows: list[dict], outdir: str | Path, include_cpu: bool = False) -> list[Path]:
+    """Per device, model and dtype: ms/step over batch size (at the shortest prompt), ms/step over
+    prompt length (at the smallest batch) and prefill ms over prompt length, one line per backend,
+    where a setting has two or more points. Returns the files written."""
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    rows = [r for r in rows if include_cpu or not _is_cpu(r)]
+    written = []
+    for dev, model, dtype in sorted({(r["device"], r["model"], r["dtype"]) for r in rows}):
+        mine = [r for r in rows if (r["device"], r["model"], r["dtype"]) == (dev, model, dtype)]
+        base = {"device": dev, "model": model, "dtype": dtype}
+        title = f"{model} {dtype} on {dev}"
+        timed = [r for r in mine if r.get("ms_per_step") is not None]
+        plans = []
+        if timed:
+            plen = min(r["prompt_len"] for r in timed)
+            batch = min(r["batch_size"] for r in timed)
+            plans += [("batch_size", "ms_per_step", {"prompt_len": plen}, "batch size", "ms per decode step",
+                       f"{title}, prompt {plen}", "batch"),
+                      ("prompt_len", "ms_per_step", {"batch_size": batch}, "prompt length (context)",
+                       "ms per decode step", f"{title}, batch {batch}", "context")]
+        prefilled = [r for r in mine if r.get("prefill_ms") is not None]
+        if prefilled:
+            batch = min(r["batch_size"] for r in prefilled)
+            plans.append(("prompt_len", "prefill_ms", {"batch_size": batch}, "prompt length", "prefill ms",
+                          f"{title}, batch {batch}", "prefill"))
+        for x, y, fixed, xlabel, ylabel, t, tag in plans:
+            series = _latest_series(mine, x, y, {**base, **fixed})
+            if len({p[0] for pts in series.values() for p in pts}) < 2:
+                continue
+            floor = None
+            if y == "ms_per_step" and "megakernel" in series:
+                fl = _latest_series(mine, x, "floor_ms", {**base, **fixed, "backend": "megakernel"})
+                floor = fl.get("megakernel")
+            path = outdir / f"{_slug(dev, model, dtype)}-{tag}.png"
+            plot_series(series, xlabel, ylabel, t, path, floor)
+            written.append(path)
+    return written
