@@ -4,7 +4,7 @@ Every backend advances the same state in place: it reads the pending token of ea
 ``tokens``, appends that token's keys and values at position ``cache.lengths[b]``, writes float32
 ``logits``, puts the greedy next token into ``tokens`` and adds one to ``lengths``. Because all of
 that lives in device memory, a kernel backend's step needs no host work beyond its launch.
-Prompts are prefilled by the torch reference into the same cache (see ``prefill``).
+Prompts are prefilled into the same cache by ``models.qwen3.prefill`` (torch GEMMs and SDPA).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from models.qwen3 import prefill as qwen3_prefill
 from models.qwen3.reference import KVCache, Qwen3Reference
 from models.qwen3.sampling import SamplingParams, sample
 
@@ -121,7 +122,7 @@ class MegaQwen3:
             if int(p.min()) < 0 or int(p.max()) >= V:
                 raise ValueError(f"prompt {b} has token ids outside [0, {V})")
         self.reset()
-        self.logits.copy_(self.reference.prefill(prompts))
+        self.logits.copy_(qwen3_prefill.prefill(self.config, self.weights, self.cache, prompts))
         self._lengths = [p.numel() for p in prompts]
         self.tokens.copy_(sample(self.logits, self.sampling, self._generator))
         return self.logits.clone()

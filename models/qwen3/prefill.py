@@ -1,0 +1,154 @@
+"""Prompt processing (prefill) on torch's GEMMs and ``scaled_dot_product_attention``.
+
+The prompts of a batch are packed back to back into one token stream (no padding to the longest),
+which is cut into chunks of at most ``chunk_size`` tokens; each chunk goes through every layer before
+the next one starts, so activations stay bounded by the chunk however long the prompt is. Per layer:
+the input RMSNorm, one fused QKV GEMM, q/k RMSNorm and RoPE over all heads at once, the chunk's keys
+and values written into the KV cache in the layout the decode kernels read (``[layers, batch,
+kv_heads, max_seq_len, head_dim]``), then attention for each piece of a sequence in the chunk: its
+queries against its sequence's cache up to and including itself, causal from the lower right
+(``causal_lower_right``), then O projection and MLP with the residual adds fused into the GEMMs
+(``addmm_``). Only the last position of each sequence reaches the final norm and the LM head.
+
+The chunk plan is made on the host from the prompt lengths before any work, so the loop issues
+kernels without waiting on the device. Numerics follow Hugging Face's Qwen3 as the reference does;
+in bf16 a few roundings fall differently (fused RMSNorm and residual adds, the q/k norm weights
+folded into the RoPE tables), all within bf16 rounding. On the CPU the same code runs in float32
+through SDPA's CPU kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.backends.cuda import SDPAParams, can_use_flash_attention
+from torch.nn.attention.bias import causal_lower_right
+
+from .config import Qwen3Config
+from .reference import KVCache, rope_cos_sin
+from .weights import Qwen3Weights
+
+PREFILL_CHUNK = 4096   # tokens per chunk: large enough for full-rate GEMMs, small enough to bound memory
+
+
+def plan_chunks(lengths: Sequence[int], chunk_size: int) -> list[list[tuple[int, int, int, int]]]:
+    """Cut the packed stream of sequences of ``lengths`` into chunks of at most ``chunk_size``
+    tokens. Each chunk is a list of pieces ``(sequence, first position, offset in the chunk,
+    tokens)``; every chunk but the last is full, so chunk i starts at token i * chunk_size."""
+    chunks, cur, fill = [], [], 0
+    for b, n in enumerate(lengths):
+        pos = 0
+        while pos < n:
+            m = min(n - pos, chunk_size - fill)
+            cur.append((b, pos, fill, m))
+            pos, fill = pos + m, fill + m
+            if fill == chunk_size:
+                chunks.append(cur)
+                cur, fill = [], 0
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+def _flash_takes_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether SDPA's flash backend takes this call with k/v at their own head count. Flash reads
+    grouped heads natively on both routes (``is_causal`` and ``causal_lower_right``, which calls
+    the flash kernel directly); elsewhere k/v are expanded to every query head, as SDPA's math
+    backend would do itself, because the lower-right route's efficient kernel gets no GQA handling."""
+    return q.is_cuda and can_use_flash_attention(SDPAParams(q, k, v, None, 0.0, False, True))
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of T queries at the last T of S key positions: q [Hq, T, D], k and v
+    [Hkv, S, D] with S >= T. Returns [T, Hq, D]."""
+    q, k, v = q[None], k[None], v[None]
+    T, S = q.shape[2], k.shape[2]
+    gqa = _flash_takes_gqa(q, k, v)
+    if not gqa and q.shape[1] != k.shape[1]:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    # A square block is plain causal attention, which every backend takes (cuDNN, flash,
+    # efficient); a chunk after the first sees its cache prefix, i.e. causal from the lower right,
+    # which SDPA routes to flash (or efficient) with the diagonal aligned to the last key.
+    mask = None if S == T else causal_lower_right(T, S)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
+    return out[0].transpose(0, 1)
+
+
+@torch.no_grad()
+def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence,
+            chunk_size: int | None = None) -> torch.Tensor:
+    """Prefill sequence b of ``cache`` with ``prompts[b]`` (1-D token ids) from position 0, in
+    chunks of at most ``chunk_size`` tokens (default ``PREFILL_CHUNK``); sets ``cache.lengths``.
+    Returns float32 logits [B, vocab] of each prompt's last position."""
+    chunk_size = PREFILL_CHUNK if chunk_size is None else chunk_size
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    if len(prompts) != cache.batch_size:
+        raise ValueError(f"got {len(prompts)} prompts for a batch of {cache.batch_size}")
+    ids = [torch.as_tensor(p).cpu() for p in prompts]
+    for b, p in enumerate(ids):
+        if p.dim() != 1 or p.numel() == 0 or p.is_floating_point() or p.is_complex():
+            raise ValueError(f"prompt {b} must be a non-empty 1-D sequence of token ids, got shape "
+                             f"{list(p.shape)} of {p.dtype}")
+        if p.numel() > cache.max_seq_len:
+            raise ValueError(f"prompt {b} has {p.numel()} tokens; the cache holds {cache.max_seq_len}")
+        if int(p.min()) < 0 or int(p.max()) >= cfg.vocab_size:
+            raise ValueError(f"prompt {b} has token ids outside [0, {cfg.vocab_size})")
+
+    dev = w.device
+    lengths = [p.numel() for p in ids]
+    # One upload for the whole batch: token ids and their positions, packed.
+    packed = torch.stack((torch.cat(ids).long(), torch.cat([torch.arange(n) for n in lengths]))).to(dev)
+    tokens, positions = packed[0], packed[1]
+    H, D, Hq, Hkv = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    L, G, eps, half = cfg.num_hidden_layers, cfg.group_size, cfg.rms_norm_eps, cfg.head_dim // 2
+    # q/k RMSNorm weight and RoPE in one table pair per token, so that norm + weight + RoPE is
+    # three passes over q and k: with y = x * w, RoPE(y) = x * (w cos) + rotate_half(x) * (roll(w) sin'),
+    # where sin' is sin with its first half negated. The q and k heads are viewed as G + 1 groups of
+    # Hkv heads (G groups of queries, then the keys), so the tables broadcast over Hkv.
+    norm_w = torch.cat((w.q_norm[:, None].expand(L, G, D), w.k_norm[:, None]), dim=1).float()[:, :, None]
+    norm_w_rolled = norm_w.roll(half, dims=-1)                                # [L, G + 1, 1, D]
+    cos, sin = rope_cos_sin(positions, D, cfg.rope_theta, torch.float32)     # [N, D]
+    sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None, None]
+    cos = cos[:, None, None]                                                  # [N, 1, 1, D]
+    k_end = cfg.q_size + cfg.kv_size
+
+    last: list[torch.Tensor | None] = [None] * len(ids)
+    for c, pieces in enumerate(plan_chunks(lengths, chunk_size)):
+        c0 = c * chunk_size
+        n = sum(m for *_, m in pieces)
+        rope_cos, rope_sin = torch.empty(2, n, G + 1, 1, D, dtype=w.dtype, device=dev)
+        x = w.embed[tokens[c0:c0 + n]]                                        # [n, H]
+        for l in range(L):
+            h = F.rms_norm(x, (H,), w.input_norm[l], eps)
+            qkv = F.linear(h, w.wqkv[l])                                      # [n, (Hq + 2 Hkv) D]
+            torch.mul(cos[c0:c0 + n], norm_w[l], out=rope_cos)                 # computed in float32
+            torch.mul(sin[c0:c0 + n], norm_w_rolled[l], out=rope_sin)
+            qkn = F.rms_norm(qkv[:, :k_end].view(n, G + 1, Hkv, D), (D,), eps=eps)
+            qk = qkn * rope_cos
+            qk[..., :half].addcmul_(qkn[..., half:], rope_sin[..., :half])
+            qk[..., half:].addcmul_(qkn[..., :half], rope_sin[..., half:])
+            qk = qk.view(n, Hq + Hkv, D)
+            q, k, v = qk[:, :Hq], qk[:, Hq:], qkv[:, k_end:].view(n, Hkv, D)
+            outs = []
+            for b, p0, o, m in pieces:
+                cache.k[l, b, :, p0:p0 + m] = k[o:o + m].transpose(0, 1)
+                cache.v[l, b, :, p0:p0 + m] = v[o:o + m].transpose(0, 1)
+                outs.append(attend(q[o:o + m].transpose(0, 1), cache.k[l, b, :, :p0 + m],
+                                   cache.v[l, b, :, :p0 + m]))
+            attn = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(n, cfg.q_size)
+            x.addmm_(attn, w.wo[l].T)
+            h = F.rms_norm(x, (H,), w.post_norm[l], eps)
+            gate_up = F.linear(h, w.wgate_up[l])
+            act = F.silu(gate_up[:, :cfg.intermediate_size]).mul_(gate_up[:, cfg.intermediate_size:])
+            x.addmm_(act, w.wdown[l].T)
+        for b, p0, o, m in pieces:
+            if p0 + m == lengths[b]:
+                last[b] = x[o + m - 1:o + m]
+    h = F.rms_norm(torch.cat(last), (H,), w.final_norm, eps)
+    logits = F.linear(h, w.lm_head).float()
+    cache.lengths.copy_(torch.tensor(lengths, dtype=cache.lengths.dtype))
+    return logits
