@@ -265,6 +265,9 @@ class _Output:
 def run(args) -> dict:
     dev, dtype = args.device, args.dtype
     backend = args.backend or default_backend(dev)
+    if dev.type == "cpu" and backend in ("megakernel", "superkernel", "per-op") and dtype != torch.float32:
+        raise UsageError(f"--backend {backend} on the CPU runs through Triton's interpreter, which needs "
+                         f"--dtype float32, not {str(dtype).removeprefix('torch.')}")
     source = locate_model(args.model, random_weights=args.random_weights)
     cfg = source.config
     prompts = prompt_ids(args, source)
@@ -276,6 +279,9 @@ def run(args) -> dict:
     if longest + n - 1 > max_seq_len:
         raise UsageError(f"--max-new-tokens {n} does not fit: a prompt of {longest} tokens leaves room for "
                          f"{max_seq_len - longest + 1} within --max-seq-len {max_seq_len}")
+    if max_seq_len > cfg.max_position_embeddings:
+        print(f"warning: --max-seq-len {max_seq_len} is past {source.name}'s max_position_embeddings "
+              f"({cfg.max_position_embeddings}): it was not trained on positions that far", file=sys.stderr)
     kv = cfg.kv_bytes_per_position(dtype.itemsize) * B * max_seq_len
     check_memory(dev, cfg.num_parameters() * dtype.itemsize + kv,
                  f"{source.name} in {str(dtype).removeprefix('torch.')} with a KV cache of {B} x {max_seq_len}")
