@@ -26,7 +26,9 @@ prompt = torch.randint(0, model.config.vocab_size, (8, 24), generator=torch.Gene
 b = args.seq
 mb = MegaQwen3(model, max_seq_len=96, batch_size=8, backend=args.backend)
 m1 = MegaQwen3(model, max_seq_len=96, batch_size=1, backend=args.backend)
-lb, l1 = mb.prefill(prompt)[b], m1.prefill(prompt[b:b + 1])[0]
+mb.prefill(prompt)
+m1.prefill(prompt[b:b + 1])
+lb, l1 = mb.logits[b], m1.logits[0]     # prefill returns the first tokens; the logits stay here
 T = prompt.shape[1]
 dk = (mb.cache.k[:, b, :, :T].float() - m1.cache.k[:, 0, :, :T].float()).abs().max().item()
 dv = (mb.cache.v[:, b, :, :T].float() - m1.cache.v[:, 0, :, :T].float()).abs().max().item()

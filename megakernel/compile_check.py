@@ -1,4 +1,4 @@
-"""``python -m megakernel.compile_check``: compile every kernel for a GPU target, without a GPU.
+"""python -m megakernel.compile_check: compile every kernel for a GPU target, without a GPU.
 
 The interpreter runs the kernels' Python on the CPU, so it cannot catch what only the compiler
 rejects (a variable whose type differs between the branches of an ``if``, say), nor show how many
@@ -7,8 +7,6 @@ Triton's own compiler (bundled ``ptxas``) for an NVIDIA architecture, with the e
 real step passes (recorded from the backends on ``meta`` tensors, so nothing is allocated), and
 reports registers and spills per kernel. It must run without ``TRITON_INTERPRET``; it re-executes
 itself in a clean environment when that is set.
-
-    python -m megakernel.compile_check --model 0.6b --workers 264 [--arch 90] [--json]
 """
 
 from __future__ import annotations
@@ -63,12 +61,9 @@ def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int,
     import instructions
     from megakernel import backends, kernel
     from models.qwen3.reference import KVCache
-    from models.qwen3.weights import Qwen3Weights, preset_for
+    from models.qwen3.weights import Qwen3Weights, shapes_for
 
-    cfg = preset_for(model_name)
-    if cfg is None:
-        from models.qwen3.config import Qwen3Config
-        cfg = Qwen3Config.from_json(os.path.join(model_name, "config.json"))
+    cfg = shapes_for(model_name)
 
     class FakeMK:    # what the backends read from MegaQwen3
         pass
@@ -162,41 +157,114 @@ def _resources(k):
         return None, None
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m megakernel.compile_check", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="0.6b")
-    ap.add_argument("--workers", type=int, default=264)
-    ap.add_argument("--batch-size", type=int, default=1)
-    ap.add_argument("--max-seq-len", type=int, default=4096)
-    ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for H100/H200")
-    ap.add_argument("--num-warps", type=int, default=4)
+def _assignments(items: list[str], flag: str) -> dict[str, int]:
+    out = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            out[name.strip()] = int(value)
+        except ValueError:
+            from .cli import UsageError
+            raise UsageError(f"{flag} {item!r}: expected NAME=INTEGER") from None
+    return out
+
+
+def build_parser():
+    from . import cli
+    ap = cli.Parser(prog="python -m megakernel.compile_check", description=cli.description(__doc__),
+                    epilog="example:\n  python -m megakernel.compile_check -m 0.6b --workers 264 --arch 90 --json")
+    ap.add_argument("-m", "--model", default="0.6b",
+                    help="size alias (0.6b 1.7b 4b 8b 14b 32b), its repo id, a checkpoint folder with a config.json, "
+                         "or the demo shape tiny-random")
+    ap.add_argument("--workers", type=cli.at_least(1), default=264, help="worker programs of the persistent kernel")
+    ap.add_argument("--batch-size", type=cli.at_least(1), default=1, help="sequences decoded together")
+    ap.add_argument("--max-seq-len", type=cli.at_least(2), default=4096, help="KV-cache positions per sequence")
+    ap.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
+                    help="weight and KV-cache dtype")
+    ap.add_argument("--arch", type=cli.at_least(70), default=90,
+                    help="CUDA compute capability: 90 for H100/H200, 80 for A100")
+    ap.add_argument("--num-warps", type=int, choices=(1, 2, 4, 8, 16, 32), default=4, help="warps per program")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=N",
                     help="override a tile-plan field, e.g. --set R_GU=16 (repeatable)")
     ap.add_argument("--option", action="append", default=[], metavar="NAME=N",
                     help="a backend option, e.g. --option workers_per_sm=1 (repeatable)")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON on the last stdout line")
     ap.add_argument("--verbose", action="store_true", help="print each failed compile's whole error chain")
-    args = ap.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        env["DEVICE"] = "cuda"    # only picks the import path: nothing runs on a device
-        return subprocess.call([sys.executable, "-m", "megakernel.compile_check", *sys.argv[1:]], env=env)
-    os.environ.setdefault("DEVICE", "cuda")
-    overrides = {k: int(v) for k, v in (x.split("=", 1) for x in args.set)}
-    report = compile_all(args.model, args.workers, args.batch_size, args.max_seq_len, args.arch,
-                         num_warps=args.num_warps, plan_overrides=overrides,
-                         **{k: int(v) for k, v in (x.split("=", 1) for x in args.option)})
-    for r in report:
-        if r["ok"]:
-            print(f"{r['kernel']:<16} ok    warps {r['num_warps']}  shared {r['shared']}  regs {r['n_regs']}  "
-                  f"stack {r['stack_bytes']}")
-        else:
-            print(f"{r['kernel']:<16} FAIL  {r['error']}")
-            if args.verbose:
-                print(r["detail"], file=sys.stderr)
-    if args.json:
-        print(json.dumps(report))
-    return 0 if all(r["ok"] for r in report) else 1
+    return ap
+
+
+def check_args(args):
+    """Everything that can be checked without Triton's compiler: the model's shapes, the plan
+    fields and backend options named."""
+    import dataclasses
+    import inspect
+
+    from models.qwen3.weights import shapes_for
+    from scheduler.ops import Plan
+
+    from .cli import UsageError
+    shapes_for(args.model)
+    args.overrides = _assignments(args.set, "--set")
+    fields = {f.name for f in dataclasses.fields(Plan)}
+    bad = sorted(set(args.overrides) - fields)
+    if bad:
+        raise UsageError(f"--set {bad[0]}: not a tile-plan field (one of {', '.join(sorted(fields))})")
+    args.options = _assignments(args.option, "--option")
+    if args.options:
+        from megakernel import backends
+        known = set(inspect.signature(backends.PersistentBackend.__init__).parameters) - {
+            "self", "mk", "mode", "num_workers", "num_warps", "plan_overrides"}    # those have flags
+        bad = sorted(set(args.options) - known)
+        if bad:
+            raise UsageError(f"--option {bad[0]}: not a backend option (one of {', '.join(sorted(known))})")
+
+
+def main(argv=None):
+    from . import cli
+
+    def body() -> int:
+        args = build_parser().parse_args(argv)
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            from models.qwen3.weights import shapes_for
+            shapes_for(args.model)          # a bad name fails here, before the second process
+            return _rerun_compiled(sys.argv[1:] if argv is None else list(argv))
+        os.environ.setdefault("DEVICE", "cuda")
+        check_args(args)
+        report = compile_all(args.model, args.workers, args.batch_size, args.max_seq_len, args.arch,
+                             dtype_name=args.dtype, num_warps=args.num_warps, plan_overrides=args.overrides,
+                             **args.options)
+        for r in report:
+            if r["ok"]:
+                print(f"{r['kernel']:<16} ok    warps {r['num_warps']}  shared {r['shared']}  regs {r['n_regs']}  "
+                      f"stack {r['stack_bytes']}")
+            else:
+                print(f"{r['kernel']:<16} FAIL  {r['error']}")
+                if args.verbose:
+                    print(r["detail"], file=sys.stderr)
+        if args.json:
+            print(json.dumps(report))
+        return 0 if all(r["ok"] for r in report) else 1
+
+    return cli.run(body)
+
+
+def _rerun_compiled(argv: list[str]) -> int:
+    """Run this tool again without TRITON_INTERPRET (read when kernels are defined, so it cannot be
+    switched off in this process). On Ctrl-C the child prints the one line and this stays quiet."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["DEVICE"] = "cuda"    # only picks the import path: nothing runs on a device
+    child = subprocess.Popen([sys.executable, "-m", "megakernel.compile_check", *argv], env=env)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        try:
+            code = child.wait(timeout=10)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            child.kill()
+            code = None
+        if code == 130:
+            return 130
+        raise
 
 
 if __name__ == "__main__":

@@ -1,4 +1,9 @@
-"""``load_model``: a size alias, repo id or checkpoint folder -> weights on a device."""
+"""``load_model``: a size alias, repo id or checkpoint folder -> weights on a device.
+
+Loading is two steps so that a command line can check everything before the slow part:
+``locate_model`` finds the checkpoint (or, only when asked, random weights) and reads its shapes
+and tokenizer; ``ModelSource.load`` reads the weights onto a device after a memory check.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +14,24 @@ from pathlib import Path
 import torch
 
 from models.qwen3.config import Qwen3Config
-from models.qwen3.weights import CheckpointError, Qwen3Weights, load_checkpoint, load_random, preset_for, \
-    resolve_checkpoint
+from models.qwen3.weights import Qwen3Weights, cache_label, check_checkpoint, check_host_memory, load_checkpoint, \
+    load_random, resolve_checkpoint, shapes_for
 
 from . import device as devices
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-@dataclass
+
+def check_memory(device: torch.device, nbytes: int, what: str):
+    """MemoryError (one line: what is needed, what is free) before ``nbytes`` for ``what`` are
+    allocated on ``device``: GPU memory on CUDA, host memory on the CPU."""
+    if device.type == "cpu":
+        check_host_memory(nbytes, what)
+    else:
+        devices.check_fits(device, nbytes, what)
+
+
+@dataclass(repr=False)
 class Qwen3Model:
     name: str
     config: Qwen3Config
@@ -35,38 +51,85 @@ class Qwen3Model:
     def dtype(self) -> torch.dtype:
         return self.weights.dtype
 
+    def __repr__(self) -> str:
+        source = "random weights" if self.random_weights else str(self.checkpoint)
+        return (f"Qwen3Model({self.name!r}, {self.config.num_parameters() / 1e6:,.1f}M parameters, "
+                f"{str(self.dtype).removeprefix('torch.')} on {self.device}, {source})")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's weights come from, with its shapes and tokenizer: what ``locate_model``
+    finds before any weight is read."""
+    name: str
+    config: Qwen3Config
+    checkpoint: Path | None     # None: random weights of ``config``'s shapes
+    tokenizer: object | None
+
+    @property
+    def random_weights(self) -> bool:
+        return self.checkpoint is None
+
+    def load(self, device=None, dtype=None, seed: int = 0, progress: bool = True) -> Qwen3Model:
+        """The weights on ``device`` in ``dtype`` (default: bf16 on an accelerator, float32 on
+        the CPU), after checking that they fit there."""
+        dev = devices.resolve(device)
+        dtype = resolve_dtype(dtype, dev)
+        if dev.type == "cpu" and dtype != torch.float32:
+            print(f"note: {dtype} on the CPU runs the reference in {dtype}; the interpreter's kernels need "
+                  f"float32", file=sys.stderr)
+        what = f"{self.name}'s weights in {str(dtype).removeprefix('torch.')}"
+        check_memory(dev, self.config.num_parameters() * dtype.itemsize, what)
+        if self.checkpoint is not None:
+            cfg, w = load_checkpoint(self.checkpoint, dtype=dtype, device=dev, cfg=self.config, progress=progress)
+        else:
+            print(f"note: {self.name}: deterministic random weights (seed {seed}) of the true shapes, as asked; "
+                  f"outputs are meaningless", file=sys.stderr)
+            cfg, w = self.config, load_random(self.config, seed, dtype, dev, label=cache_label(self.name),
+                                              progress=progress)
+        return Qwen3Model(self.name, cfg, w, self.checkpoint, self.tokenizer)
+
+
+def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    """A torch dtype from a dtype or its name (None: the device's default)."""
+    if dtype is None:
+        return devices.default_dtype(device)
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not supported: choose one of {', '.join(DTYPES)}")
+        dtype = DTYPES[dtype]
+    if dtype not in DTYPES.values():
+        raise ValueError(f"dtype {dtype} is not supported (float32, bfloat16 or float16)")
+    return dtype
+
+
+def locate_model(name: str, random_weights: bool = False, allow_download: bool = True) -> ModelSource:
+    """Find model ``name`` (a size alias 0.6b 1.7b 4b 8b 14b 32b, a Hugging Face repo id, a local
+    checkpoint folder, or the demo shape ``tiny-random``) and read its shapes and tokenizer; no
+    weights are read. A checkpoint is taken from the folder, else the local Hugging Face cache,
+    else downloaded where ``allow_download`` and the network allow; where there is none, a
+    CheckpointError (ValueError) says how to get it. Random weights only with
+    ``random_weights=True``: then the shapes come from ``shapes_for`` and there is no tokenizer."""
+    from models.qwen3.tokenizer import load_tokenizer
+
+    if random_weights:
+        return ModelSource(name, shapes_for(name), None, None)
+    folder = resolve_checkpoint(name, allow_download=allow_download)
+    cfg = Qwen3Config.from_json(folder / "config.json")
+    check_checkpoint(folder, cfg)       # headers only: a damaged checkpoint fails before any work
+    return ModelSource(name, cfg, folder, load_tokenizer(folder))
+
 
 def load_model(name: str, random_weights: bool = False, seed: int = 0, device=None, dtype=None,
                progress: bool = True, allow_download: bool = True) -> Qwen3Model:
     """Load ``name``: a size alias (0.6b 1.7b 4b 8b 14b 32b), a Hugging Face repo id, or a local
-    checkpoint folder. The local HF cache is tried first, then a download where the network
-    allows; otherwise, or with ``random_weights=True``, deterministic random weights of the true
-    shapes (outputs are then meaningless, and a warning says so)."""
+    checkpoint folder. The folder, else the local Hugging Face cache, else a download where
+    ``allow_download`` and the network allow; where none has it, CheckpointError (a ValueError)
+    says how to get it. ``random_weights=True`` gives deterministic random weights (``seed``) of
+    the model's true shapes instead, without a checkpoint: outputs are then meaningless. Also
+    ``tiny-random``, a demo shape that has only random weights. ``dtype``: a torch dtype or its
+    name (default bf16 on an accelerator, float32 on the CPU). MemoryError, before anything is
+    allocated, where the weights do not fit the device."""
     dev = devices.resolve(device)
-    dtype = dtype or devices.default_dtype(dev)
-    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"dtype {dtype} is not supported (float32, bfloat16 or float16)")
-    if dev.type == "cpu" and dtype != torch.float32:
-        print(f"note: {dtype} on the CPU runs the reference in {dtype}; the interpreter's kernels need "
-              f"float32", file=sys.stderr)
-    from models.qwen3.tokenizer import load_tokenizer
-
-    folder = None if random_weights else resolve_checkpoint(name, allow_download=allow_download)
-    if folder is not None:
-        cfg = Qwen3Config.from_json(folder / "config.json")
-        devices.check_fits(dev, cfg.num_parameters() * dtype.itemsize, f"{name}'s weights in {dtype}")
-        cfg, w = load_checkpoint(folder, dtype=dtype, device=dev, progress=progress)
-        return Qwen3Model(name, cfg, w, folder, load_tokenizer(folder))
-    cfg = preset_for(name)
-    if cfg is None:
-        p = Path(name).expanduser()
-        if p.is_dir() and (p / "config.json").exists():
-            cfg = Qwen3Config.from_json(p / "config.json")   # random weights of a folder's shapes
-        else:
-            raise CheckpointError(f"no checkpoint for {name!r} and no known shapes for random weights")
-    devices.check_fits(dev, cfg.num_parameters() * dtype.itemsize, f"{name}'s weights in {dtype}")
-    reason = "as asked (random_weights=True)" if random_weights else "no checkpoint found locally or online"
-    print(f"WARNING: {name}: using deterministic random weights (seed {seed}) of the true shapes, "
-          f"{reason}. Outputs are meaningless text.", file=sys.stderr)
-    w = load_random(cfg, seed, dtype, dev, label=name.replace("/", "--"), progress=progress)
-    return Qwen3Model(name, cfg, w, None, None)
+    dtype = resolve_dtype(dtype, dev)
+    return locate_model(name, random_weights, allow_download).load(dev, dtype, seed=seed, progress=progress)

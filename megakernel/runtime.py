@@ -72,8 +72,12 @@ def _as_prompts(input_ids, batch_size: int) -> list[torch.Tensor]:
 class MegaQwen3:
     """Decode a Qwen3 model with one of the backends in ``BACKENDS``.
 
-    >>> mk = MegaQwen3(load_model("0.6b"), max_seq_len=4096, batch_size=1)
-    >>> logits = mk.prefill([1, 2, 3]); tok = mk.step()
+    ``prefill`` returns the first generated token of each sequence and ``step`` the next one, so
+    ``[mk.prefill(ids)] + [mk.step() for _ in range(n - 1)]`` are the tokens ``mk.generate(ids,
+    max_new_tokens=n)`` returns (without stop tokens):
+
+    >>> mk = MegaQwen3(load_model("tiny-random", random_weights=True), max_seq_len=64, backend="reference")
+    >>> first = mk.prefill([1, 2, 3]); second = mk.step()
     """
 
     def __init__(self, model, max_seq_len: int = 4096, batch_size: int = 1, backend: str = "megakernel",
@@ -89,8 +93,8 @@ class MegaQwen3:
         self.max_seq_len, self.batch_size = max_seq_len, batch_size
         dev, dt = self.weights.device, self.weights.dtype
         kv_bytes = self.config.kv_bytes_per_position(dt.itemsize) * batch_size * max_seq_len
-        from .device import check_fits
-        check_fits(dev, kv_bytes, f"a KV cache for batch {batch_size} x {max_seq_len} positions")
+        from .model import check_memory
+        check_memory(dev, kv_bytes, f"a KV cache for batch {batch_size} x {max_seq_len} positions")
         self.cache = KVCache.allocate(self.config, batch_size, max_seq_len, dt, dev)
         self.tokens = torch.zeros(batch_size, dtype=torch.int32, device=dev)      # pending input tokens
         self.logits = torch.zeros(batch_size, self.config.vocab_size, dtype=torch.float32, device=dev)
@@ -98,7 +102,14 @@ class MegaQwen3:
         self.sampling = SamplingParams()
         self._generator: torch.Generator | None = None
         self._lengths = [0] * batch_size    # host mirror of cache.lengths: bounds checks need no sync
+        self.finish_reasons: list[str | None] = [None] * batch_size   # of the last generate()
+        self.num_generated: list[int] = [0] * batch_size
         self.backend = _make_backend(backend, self, **backend_options)
+
+    def __repr__(self) -> str:
+        return (f"MegaQwen3({self.model.name!r}, backend={self.backend_name!r}, batch_size={self.batch_size}, "
+                f"max_seq_len={self.max_seq_len}, {str(self.weights.dtype).removeprefix('torch.')} on "
+                f"{self.weights.device})")
 
     def reset(self):
         """Forget the sequences; buffers and the compiled tape are kept."""
@@ -107,10 +118,26 @@ class MegaQwen3:
         self._lengths = [0] * self.batch_size
 
     @torch.no_grad()
-    def prefill(self, input_ids) -> torch.Tensor:
-        """Fill the cache with the prompts (LongTensor [B, T], a list of ids, or a list of lists of
-        different lengths) and return float32 logits [B, vocab] of each last position. The first
-        decode token is chosen from them with the current sampling settings."""
+    def prefill(self, input_ids, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                seed: int | None = None) -> torch.Tensor:
+        """Start new sequences: fill the cache with the prompts (LongTensor [B, T], a list of ids,
+        or a list of lists of different lengths) and return the first generated token of each,
+        LongTensor [B], chosen from the last position's logits with these sampling settings
+        (greedy by default; ``step`` keeps them). The logits stay in ``logits`` (float32 [B,
+        vocab]); the tokens are also in ``tokens``, the input of the next ``step``."""
+        sampling = SamplingParams(temperature, top_k, top_p, seed)
+        prompts = self._check_prompts(input_ids)
+        self.reset()
+        self.sampling = sampling
+        self._generator = None
+        if seed is not None and not sampling.greedy:
+            self._generator = torch.Generator(device=self.tokens.device).manual_seed(seed)
+        self.logits.copy_(qwen3_prefill.prefill(self.config, self.weights, self.cache, prompts))
+        self._lengths = [p.numel() for p in prompts]
+        self.tokens.copy_(sample(self.logits, self.sampling, self._generator))
+        return self.tokens.long()
+
+    def _check_prompts(self, input_ids) -> list[torch.Tensor]:
         prompts = _as_prompts(input_ids, self.batch_size)
         V = self.config.vocab_size
         for b, p in enumerate(prompts):
@@ -121,11 +148,7 @@ class MegaQwen3:
                                  f"which leaves no room to generate")
             if int(p.min()) < 0 or int(p.max()) >= V:
                 raise ValueError(f"prompt {b} has token ids outside [0, {V})")
-        self.reset()
-        self.logits.copy_(qwen3_prefill.prefill(self.config, self.weights, self.cache, prompts))
-        self._lengths = [p.numel() for p in prompts]
-        self.tokens.copy_(sample(self.logits, self.sampling, self._generator))
-        return self.logits.clone()
+        return prompts
 
     def _check_room(self, n: int):
         if not any(self._lengths):
@@ -138,7 +161,9 @@ class MegaQwen3:
 
     @torch.no_grad()
     def step(self) -> torch.Tensor:
-        """One decode step for the whole batch; returns the next tokens, LongTensor [B]."""
+        """One decode step for the whole batch: each sequence's pending token (in ``tokens``: the
+        one ``prefill`` or the last step chose) goes in, and the token after it comes out; returns
+        those new tokens, LongTensor [B] (also left in ``tokens`` for the next step)."""
         self._check_room(1)
         self.backend.decode()
         self._lengths = [n + 1 for n in self._lengths]
@@ -175,40 +200,61 @@ class MegaQwen3:
         return torch.cat(out, dim=1)
 
     @torch.no_grad()
-    def generate(self, input_ids, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
-                 top_p: float | None = None, seed: int | None = None,
-                 stop_tokens: Sequence[int] = (),
-                 on_token: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
-        """Prefill, then decode ``max_new_tokens`` tokens; LongTensor [B, N]. Stops early once every
-        sequence has produced one of ``stop_tokens``. ``on_token`` sees each new [B] tensor."""
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-        self.sampling = SamplingParams(temperature, top_k, top_p, seed)
-        self._generator = None
-        if seed is not None and not self.sampling.greedy:
-            self._generator = torch.Generator(device=self.tokens.device).manual_seed(seed)
-        self.prefill(input_ids)
-        room = self.max_seq_len - max(self._lengths)
-        if max_new_tokens > room + 1:
-            raise ValueError(f"{max_new_tokens} new tokens do not fit: the longest prompt leaves room for "
+    def generate(self, input_ids, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 stop_tokens: Sequence[int] = (), on_token: Callable[[torch.Tensor], None] | None = None,
+                 pad_token_id: int = -1) -> torch.Tensor:
+        """Prefill, then decode until every sequence has finished; returns LongTensor [B, N] on
+        the model's device, N the tokens of the longest-running sequence.
+
+        A sequence finishes at its first token in ``stop_tokens`` (kept in its row) or once it
+        has ``max_new_tokens`` tokens (one number for all, or one per sequence); the others go on.
+        The batch decodes in lockstep, so a finished sequence keeps decoding on the device until
+        the last one finishes, but those tokens are dropped: the rest of its row is
+        ``pad_token_id`` (default -1, which is no token id). Afterwards ``finish_reasons[b]`` is
+        ``"stop"`` or ``"length"`` and ``num_generated[b]`` the tokens of row ``b`` before its
+        padding. ``on_token`` sees each step's tokens as a CPU LongTensor [B], padded the same way.
+        The cache must hold the longest prompt plus the largest ``max_new_tokens`` less one."""
+        limits = [max_new_tokens] * self.batch_size if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        if len(limits) != self.batch_size:
+            raise ValueError(f"max_new_tokens has {len(limits)} entries for batch_size {self.batch_size}")
+        if min(limits) < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {min(limits)}")
+        SamplingParams(temperature, top_k, top_p, seed)     # bad settings fail before any work
+        prompts = self._check_prompts(input_ids)
+        room = self.max_seq_len - max(p.numel() for p in prompts)
+        if max(limits) > room + 1:
+            raise ValueError(f"{max(limits)} new tokens do not fit: the longest prompt leaves room for "
                              f"{room + 1} within max_seq_len {self.max_seq_len}")
-        out = [self.tokens.long()]
-        done = torch.zeros(self.batch_size, dtype=torch.bool)
-        stops = torch.tensor(list(stop_tokens), dtype=torch.long)
-        # greedy decoding on the megakernel runs several steps per launch after a first one alone
-        # (which compiles the kernel on first use, so the tokens' arrival times show it apart); a
-        # launch may run steps past the last stop token, whose tokens are dropped
-        chunk = self.steps_per_launch
-        pending: list[torch.Tensor] = []
-        for i in range(max_new_tokens):
-            if i:
-                if not pending:
-                    pending = list(self.steps(1 if i == 1 else min(chunk, max_new_tokens - i)).unbind(1))
-                out.append(pending.pop(0))
+        B, stops = self.batch_size, set(int(t) for t in stop_tokens)
+        done, count, reasons = [False] * B, [0] * B, [None] * B
+        rows: list[torch.Tensor] = []
+
+        def take(tokens: torch.Tensor):
+            kept = []
+            for b, t in enumerate(tokens.tolist()):
+                if done[b]:
+                    kept.append(pad_token_id)
+                    continue
+                kept.append(t)
+                count[b] += 1
+                if t in stops or count[b] >= limits[b]:
+                    done[b], reasons[b] = True, "stop" if t in stops else "length"
+            rows.append(torch.tensor(kept, dtype=torch.long))
             if on_token is not None:
-                on_token(out[-1])
-            if len(stops):
-                done |= torch.isin(out[-1].cpu(), stops)
-                if bool(done.all()):
+                on_token(rows[-1])
+
+        take(self.prefill(prompts, temperature, top_k, top_p, seed).cpu())
+        # greedy decoding on the megakernel runs several steps per launch after a first one alone
+        # (which compiles the kernel on first use, so the tokens' arrival times show it apart)
+        chunk, made = self.steps_per_launch, 1
+        while not all(done):
+            left = max(limits[b] for b in range(B) if not done[b]) - made
+            k = 1 if made == 1 else min(chunk, left)
+            for column in self.steps(k).cpu().unbind(1):
+                take(column)
+                if all(done):
                     break
-        return torch.stack(out, dim=1)
+            made += k
+        self.finish_reasons, self.num_generated = reasons, count
+        return torch.stack(rows, dim=1).to(self.tokens.device)

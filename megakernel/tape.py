@@ -1,4 +1,4 @@
-"""``python -m megakernel.tape``: what the instruction tape of a model looks like, without weights.
+"""python -m megakernel.tape: what the instruction tape of a model looks like, without weights.
 
 Prints instructions per kind and per worker (count, bytes read, estimated time), the critical
 path in dependent steps (the longest chain of counter waits; each costs a cross-worker round trip
@@ -9,33 +9,13 @@ Face repo id of one, or a checkpoint folder with a config.json.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
-from pathlib import Path
 
-from models.qwen3.config import Qwen3Config
-from models.qwen3.weights import preset_for
+from models.qwen3.weights import shapes_for
 from scheduler.graph import MODES, STRATEGIES, build_tape
 from scheduler.ops import Op, cost, make_plan
 from scheduler.validate import TapeError, dependent_steps, validate
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
-def _config(name: str) -> Qwen3Config:
-    cfg = preset_for(name)
-    if cfg is not None:
-        return cfg
-    p = Path(name).expanduser()
-    if p.is_dir():
-        return Qwen3Config.from_json(p / "config.json")
-    raise ValueError(f"unknown model {name!r}: use a size (0.6b 1.7b 4b 8b 14b 32b), its repo id, or a "
-                     f"checkpoint folder with a config.json")
 
 
 def summary(cfg: Qwen3Config, workers: int, strategy: str, mode: str, batch_size: int, max_seq_len: int,
@@ -111,35 +91,46 @@ def summary(cfg: Qwen3Config, workers: int, strategy: str, mode: str, batch_size
     return "\n".join(out)
 
 
+def build_parser():
+    from . import cli
+    ap = cli.Parser(prog="python -m megakernel.tape", description=cli.description(__doc__),
+                    epilog="example:\n  python -m megakernel.tape -m 0.6b --workers 264 --batch-size 4")
+    ap.add_argument("-m", "--model", required=True,
+                    help="size alias (0.6b 1.7b 4b 8b 14b 32b), its repo id, a checkpoint folder with a config.json, "
+                         "or the demo shape tiny-random")
+    ap.add_argument("--workers", type=cli.at_least(1), default=132, help="worker programs (about one per SM)")
+    ap.add_argument("--strategy", choices=STRATEGIES, default="balanced", help="how tiles are placed on workers")
+    ap.add_argument("--mode", choices=MODES, default="megakernel",
+                    help="megakernel: counter waits; superkernel: grid barriers between stages")
+    ap.add_argument("--batch-size", type=cli.at_least(1), default=1, help="sequences decoded together")
+    ap.add_argument("--max-seq-len", type=cli.at_least(2), default=4096, help="KV-cache positions per sequence")
+    ap.add_argument("--bandwidth", type=cli.number, default=4300.0,
+                    help="memory bandwidth in GB/s for the time estimate (the default is an H200's measured copy "
+                         "bandwidth)")
+    ap.add_argument("--step-us", type=cli.number, default=1.6, help="cost of one dependent step in microseconds")
+    return ap
+
+
 def main(argv=None) -> int:
-    ap = _Parser(prog="python -m megakernel.tape", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="size alias (0.6b ... 32b), repo id, or checkpoint folder")
-    ap.add_argument("--workers", type=int, default=132, help="worker programs (about one per SM; default 132)")
-    ap.add_argument("--strategy", choices=STRATEGIES, default="balanced")
-    ap.add_argument("--mode", choices=MODES, default="megakernel")
-    ap.add_argument("--batch-size", type=int, default=1)
-    ap.add_argument("--max-seq-len", type=int, default=4096)
-    ap.add_argument("--bandwidth", type=float, default=4300.0,
-                    help="GB/s for the time estimate (default: an H200's measured copy bandwidth)")
-    ap.add_argument("--step-us", type=float, default=1.6, help="cost of one dependent step in us (default 1.6)")
-    args = ap.parse_args(argv)
-    for flag, value, low in (("--workers", args.workers, 1), ("--batch-size", args.batch_size, 1),
-                             ("--max-seq-len", args.max_seq_len, 2)):
-        if value < low:
-            ap.error(f"{flag} must be at least {low}, got {value}")
-    if args.bandwidth <= 0 or args.step_us < 0:
-        ap.error("--bandwidth must be positive and --step-us not negative")
-    try:
-        cfg = _config(args.model)
-        print(summary(cfg, args.workers, args.strategy, args.mode, args.batch_size, args.max_seq_len,
-                      args.bandwidth, args.step_us, name=args.model))
-    except TapeError as e:
-        print(f"error: invalid tape: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 1
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
-    return 0
+    from . import cli
+
+    def body() -> int:
+        args = build_parser().parse_args(argv)
+        if args.bandwidth <= 0:
+            raise cli.UsageError(f"--bandwidth must be positive, got {args.bandwidth:g}")
+        if args.step_us < 0:
+            raise cli.UsageError(f"--step-us cannot be negative, got {args.step_us:g}")
+        cfg = shapes_for(args.model)
+        try:
+            text = summary(cfg, args.workers, args.strategy, args.mode, args.batch_size, args.max_seq_len,
+                           args.bandwidth, args.step_us, name=args.model)
+        except TapeError as e:      # the scheduler's fault, not the input's: status 1
+            print(f"error: invalid tape: {str(e).splitlines()[0]}", file=sys.stderr)
+            return 1
+        print(text)
+        return 0
+
+    return cli.run(body)
 
 
 if __name__ == "__main__":

@@ -150,16 +150,19 @@ def build_tokenizer(vocab_size: int):
 @pytest.fixture
 def cli(tmp_path):
     """Run ``python -m megakernel.generate ARGS`` in a subprocess: the repo importable, no network,
-    and a private cache for random weights. Returns the CompletedProcess (text mode)."""
+    an empty Hugging Face cache (so no real checkpoint is found by name) and a private cache for
+    random weights, ``tmp_path / "mkcache"``. Returns the CompletedProcess (text mode);
+    ``module=`` runs another module (``megakernel`` for ``python -m megakernel``)."""
     import subprocess
 
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(HF_HUB_OFFLINE="1", MEGAKERNEL_CACHE=str(tmp_path / "mkcache"), PYTHONUNBUFFERED="1",
-               OMP_NUM_THREADS=str(torch.get_num_threads()))
+    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf-home"), MEGAKERNEL_CACHE=str(tmp_path / "mkcache"),
+               PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(torch.get_num_threads()))
+    env.pop("HF_HUB_CACHE", None)
 
-    def run(*args, timeout=120):
-        return subprocess.run([sys.executable, "-m", "megakernel.generate", *map(str, args)], env=env,
+    def run(*args, timeout=120, module="megakernel.generate"):
+        return subprocess.run([sys.executable, "-m", module, *map(str, args)], env=env,
                               capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
     return run

@@ -225,9 +225,10 @@ def test_cli_unknown_size_alias(cli):
 
 def test_cli_prompt_longer_than_max_seq_len(cli, tiny_checkpoint):
     tiny = tiny_checkpoint(**SHAPE)
-    assert_cli_error(cli("--model", tiny.folder, "--prompt", " ".join(map(str, range(1, 11))),
-                         "--max-seq-len", 6, "--device", "cpu"),
-                     "10 tokens", "--max-seq-len 6")
+    lines = assert_cli_error(cli("--model", tiny.folder, "--prompt-ids", " ".join(map(str, range(1, 11))),
+                                 "--max-seq-len", 6, "--device", "cpu"),
+                             "10 tokens", "--max-seq-len 6")
+    assert not any(line.startswith("Loaded") for line in lines), lines     # checked before loading
 
 
 @pytest.mark.parametrize("args, fragments", [

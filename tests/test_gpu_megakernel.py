@@ -57,7 +57,7 @@ def test_teacher_forced_agreement_with_reference(model, prompt):
     exact = dataclasses.replace(model, weights=model.weights.to(dtype=torch.float32))
     ref = MegaQwen3(exact, max_seq_len=prompt.shape[1] + 300, backend="reference")
     mk = MegaQwen3(model, max_seq_len=prompt.shape[1] + 300, backend="megakernel")
-    tok = int(ref.prefill(prompt).argmax(-1)[0])
+    tok = int(ref.prefill(prompt)[0])       # greedy: the argmax of the prompt's last logits
     mk.prefill(prompt)
     agree, clear, clear_agree = 0, 0, 0
     for _ in range(256):

@@ -41,7 +41,8 @@ def teacher_forced(model, ids: torch.Tensor) -> torch.Tensor:
     """Our logits [POSITIONS, V] through the decode path: prefill one token, then feed the true
     next token at every step."""
     mk = MegaQwen3(model, backend="reference", max_seq_len=POSITIONS + 8)
-    out = [mk.prefill(ids[None, :1])[0]]
+    mk.prefill(ids[None, :1])
+    out = [mk.logits[0].clone()]
     for i in range(1, POSITIONS):
         mk.tokens.fill_(int(ids[i]))
         mk.step()

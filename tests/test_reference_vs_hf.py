@@ -61,14 +61,16 @@ def test_batch1_logits_and_greedy(tiny_checkpoint, seed, shape, tie):
     prompt = random_prompt(3 + seed % 17, tiny.vocab_size, seed)
     mk = MegaQwen3(model, backend="reference", batch_size=1, max_seq_len=len(prompt) + STEPS + 3)
 
-    logits = mk.prefill(torch.tensor([prompt]))
+    first = mk.prefill(torch.tensor([prompt]))
+    logits = mk.logits.clone()
     assert logits.shape == (1, tiny.vocab_size) and logits.dtype == torch.float32
+    assert first.shape == (1,) and int(first[0]) == int(logits[0].argmax())   # greedy: the first token
     with torch.no_grad():
         hf_logits = tiny.hf(torch.tensor([prompt])).logits[0, -1]
     assert rel_err(logits[0], hf_logits) < 1e-5
 
     # Decode steps: each step's logits against HF's at the same position of the same sequence.
-    tokens, step_logits = [int(mk.tokens[0])], [logits[0]]
+    tokens, step_logits = [int(first[0])], [logits[0]]
     for _ in range(STEPS - 1):
         tokens.append(int(mk.step()[0]))
         step_logits.append(mk.logits[0].clone())
@@ -92,7 +94,8 @@ def test_batch2_prompts_of_different_lengths(tiny_checkpoint, seed, shape):
     prompts = [random_prompt(n, tiny.vocab_size, seed), random_prompt(n + 7, tiny.vocab_size, seed + 1)]
     mk = MegaQwen3(model, backend="reference", batch_size=2, max_seq_len=n + 7 + STEPS)
 
-    logits = mk.prefill(prompts)
+    mk.prefill(prompts)
+    logits = mk.logits.clone()
     assert logits.shape == (2, tiny.vocab_size)
     out = mk.generate(prompts, max_new_tokens=STEPS)
     assert out.shape == (2, STEPS)
@@ -117,7 +120,8 @@ def test_sharded_checkpoint(tiny_checkpoint, seed):
     mk = MegaQwen3(model, backend="reference", max_seq_len=16)
     with torch.no_grad():
         hf_logits = tiny.hf(torch.tensor([prompt])).logits[0, -1]
-    assert rel_err(mk.prefill(prompt)[0], hf_logits) < 1e-5
+    mk.prefill(prompt)
+    assert rel_err(mk.logits[0], hf_logits) < 1e-5
 
 
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])

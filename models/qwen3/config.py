@@ -145,3 +145,20 @@ PRESETS: dict[str, Qwen3Config] = {
 }
 
 REPO_IDS: dict[str, str] = {size: f"Qwen/Qwen3-{size.upper()}" for size in PRESETS}
+
+# A demo shape for examples and smoke runs on the CPU (a step through Triton's interpreter takes
+# about a second). No checkpoint of it exists: it only ever runs with random weights.
+DEMO_PRESETS: dict[str, Qwen3Config] = {
+    "tiny-random": Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, head_dim=16, vocab_size=1024, tie_word_embeddings=True,
+                               max_position_embeddings=4096),
+}
+
+
+def size_key(name: str) -> str | None:
+    """The preset key of a model name: ``0.6b``, ``0.6B`` and ``Qwen/Qwen3-0.6B`` all give
+    ``0.6b``; ``tiny-random`` gives itself; any other name gives None."""
+    key = str(name).strip().lower()
+    if key in PRESETS or key in DEMO_PRESETS:
+        return key
+    return next((size for size, repo in REPO_IDS.items() if repo.lower() == key), None)

@@ -8,9 +8,9 @@ memory is one model plus one tensor.
 
 Sources, in the order ``resolve_checkpoint`` tries them: a local folder; a size alias
 (``0.6b``..``32b``) or repo id in the local Hugging Face cache; a download where the network
-allows. Where none works (or with ``random_weights=True``) the model gets deterministic random
-weights of the true shapes, written once to a cache folder as safetensors so later runs reload
-them quickly. Outputs of such a model are meaningless, and the loader says so.
+allows. Where none works that is an error that says how to get the checkpoint: weights are never
+substituted. Random weights of the true shapes come only when asked for (``load_random``),
+written once to a cache folder as safetensors so later runs reload them quickly.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .config import PRESETS, REPO_IDS, Qwen3Config
+from .config import DEMO_PRESETS, PRESETS, REPO_IDS, Qwen3Config, size_key
 
 
 class CheckpointError(ValueError):
@@ -46,6 +46,11 @@ class Qwen3Weights:
     wo: torch.Tensor           # [L, H, Hq D]
     wgate_up: torch.Tensor     # [L, 2 I, H]: gate rows, then up rows
     wdown: torch.Tensor        # [L, H, I]
+
+    def __repr__(self) -> str:
+        return (f"Qwen3Weights({self.wqkv.shape[0]} layers, hidden {self.embed.shape[1]}, vocab {self.embed.shape[0]}, "
+                f"{str(self.dtype).removeprefix('torch.')} on {self.device}, {self.nbytes() / 1e9:.2f} GB"
+                f"{', tied head' if self.tied else ''})")
 
     @property
     def dtype(self) -> torch.dtype:
@@ -196,76 +201,102 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return files
 
 
-def load_checkpoint(folder: str | Path, dtype=torch.float32, device="cpu",
-                    cfg: Qwen3Config | None = None, progress: bool = True) -> tuple[Qwen3Config, Qwen3Weights]:
-    """Load a local Hugging Face Qwen3 checkpoint folder into the stacked layout, converting
-    each tensor to ``dtype`` (bf16 files load into float32 and back exactly)."""
-    from safetensors import safe_open
-    from tqdm.auto import tqdm
-
+def check_checkpoint(folder: str | Path, cfg: Qwen3Config | None = None) -> dict[Path, dict]:
+    """Check a checkpoint folder from its config.json and safetensors headers alone, before any
+    weight is read: every file whole, every tensor expected and of the shape config.json implies,
+    none missing. Returns each file's header; raises CheckpointError naming the file and tensor."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: no such checkpoint folder")
     cfg = cfg or Qwen3Config.from_json(folder / "config.json")
-    files = checkpoint_files(folder)
-    headers = {f: _read_safetensors_header(f) for f in files}
-    w = Qwen3Weights.empty(cfg, dtype, device)
-    slots = hf_slots(cfg, w)
+    headers = {f: _read_safetensors_header(f) for f in checkpoint_files(folder)}
+    slots = hf_slots(cfg, Qwen3Weights.empty(cfg, torch.float32, "meta"))
     seen: set[str] = set()
-    total = sum(len([k for k in h if k != "__metadata__"]) for h in headers.values())
-    bar = tqdm(total=total, desc=f"Loading {folder.name}", unit="tensor", disable=not progress,
-               file=sys.stderr)
-    for f in files:
-        try:
-            with safe_open(str(f), framework="pt", device="cpu") as sf:
-                for name in sf.keys():
-                    bar.update(1)
-                    if name == "lm_head.weight" and cfg.tie_word_embeddings:
-                        continue   # tied: some exports store a copy; the embedding is the one read
-                    slot = slots.get(name)
-                    if slot is None:
-                        if name.endswith("rotary_emb.inv_freq"):
-                            continue
-                        raise CheckpointError(f"{f}: unexpected tensor {name} for a Qwen3 model with "
-                                              f"{cfg.num_hidden_layers} layers")
-                    shape = tuple(sf.get_slice(name).get_shape())
-                    if shape != tuple(slot.shape):
-                        raise CheckpointError(f"{f}: tensor {name} has shape {list(shape)}, config.json "
-                                              f"implies {list(slot.shape)}")
-                    slot.copy_(sf.get_tensor(name).to(dtype))
-                    seen.add(name)
-        except CheckpointError:
-            raise
-        except Exception as e:  # the safetensors reader's own errors on damaged files
-            raise CheckpointError(f"{f}: cannot read ({type(e).__name__}: {e})") from None
-    bar.close()
+    for f, header in headers.items():
+        for name, info in header.items():
+            if name == "__metadata__" or (name == "lm_head.weight" and cfg.tie_word_embeddings):
+                continue    # tied: some exports store a copy; the embedding is the one read
+            slot = slots.get(name)
+            if slot is None:
+                if name.endswith("rotary_emb.inv_freq"):
+                    continue
+                raise CheckpointError(f"{f}: unexpected tensor {name} for a Qwen3 model with "
+                                      f"{cfg.num_hidden_layers} layers")
+            shape = info.get("shape")
+            if shape != list(slot.shape):
+                raise CheckpointError(f"{f}: tensor {name} has shape {shape}, config.json implies {list(slot.shape)}")
+            seen.add(name)
     missing = sorted(set(slots) - seen)
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise CheckpointError(f"{folder}: missing weights {', '.join(missing[:3])}{more}")
+    return headers
+
+
+def load_checkpoint(folder: str | Path, dtype=torch.float32, device="cpu",
+                    cfg: Qwen3Config | None = None, progress: bool = True) -> tuple[Qwen3Config, Qwen3Weights]:
+    """Load a local Hugging Face Qwen3 checkpoint folder into the stacked layout, converting
+    each tensor to ``dtype`` (bf16 files load into float32 and back exactly). The folder is
+    checked first (``check_checkpoint``), so a damaged one fails before anything is allocated."""
+    from safetensors import safe_open
+    from tqdm.auto import tqdm
+
+    folder = Path(folder)
+    headers = check_checkpoint(folder, cfg)
+    cfg = cfg or Qwen3Config.from_json(folder / "config.json")
+    w = Qwen3Weights.empty(cfg, dtype, device)
+    slots = hf_slots(cfg, w)
+    total = sum(len([k for k in h if k != "__metadata__"]) for h in headers.values())
+    bar = tqdm(total=total, desc=f"Loading {folder.name}", unit="tensor", disable=not progress,
+               file=sys.stderr)
+    for f in headers:
+        try:
+            with safe_open(str(f), framework="pt", device="cpu") as sf:
+                for name in sf.keys():
+                    bar.update(1)
+                    slot = slots.get(name)
+                    if slot is None:
+                        continue    # checked above: a tied head's copy or rotary_emb.inv_freq
+                    slot.copy_(sf.get_tensor(name).to(dtype))
+        except Exception as e:  # the safetensors reader's own errors on damaged files
+            raise CheckpointError(f"{f}: cannot read ({type(e).__name__}: {e})") from None
+    bar.close()
     return cfg, w
 
 
 def save_checkpoint(folder: str | Path, cfg: Qwen3Config, w: Qwen3Weights, dtype=None) -> Path:
-    """Write config.json and model.safetensors in Hugging Face's layout."""
+    """Write config.json and model.safetensors in Hugging Face's layout. The tensors go to a
+    temporary file renamed at the end, removed if writing fails or is interrupted."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    sd = to_hf_state_dict(cfg, w)
-    if cfg.tie_word_embeddings:
-        del sd["lm_head.weight"]
-    if dtype is not None:
-        sd = {k: v.to(dtype) for k, v in sd.items()}
-    tmp = folder / "model.safetensors.tmp"
-    save_file({k: v.cpu().contiguous() for k, v in sd.items()}, str(tmp), metadata={"format": "pt"})
-    tmp.replace(folder / "model.safetensors")
+    if dtype is None:
+        sd = to_hf_state_dict(cfg, w)
+        if cfg.tie_word_embeddings:
+            del sd["lm_head.weight"]
+    else:   # one converted copy per tensor (separate storage, as safetensors requires)
+        sd = {k: t.to(dtype=dtype, copy=True).contiguous() for k, t in hf_slots(cfg, w).items()}
+    _write_safetensors({k: v.cpu() for k, v in sd.items()}, folder / "model.safetensors", save_file)
     (folder / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     return folder
 
 
+def _write_safetensors(sd: dict, path: Path, save_file):
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        save_file(sd, str(tmp), metadata={"format": "pt"})
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 # ---------------------------------------------------------------------------------------------
-# Resolving a model name
+# Resolving a model name: the one place a name becomes shapes (``shapes_for``) or a checkpoint
+# folder (``resolve_checkpoint``). A name is a checkpoint folder, a size alias (0.6b .. 32b, any
+# case), the repo id of one (Qwen/Qwen3-0.6B), another Hugging Face repo id, or the demo shape
+# ``tiny-random``.
 
 
 def cache_dir() -> Path:
@@ -274,59 +305,157 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def resolve_checkpoint(name: str, allow_download: bool = True) -> Path | None:
-    """A local folder for ``name`` (folder, size alias or repo id), or None when no checkpoint
-    can be had here. A name that is neither a folder, an alias nor a repo id raises."""
+def _folder_name(name: str) -> Path | None:
+    """``name`` as a folder path where it names one (or is written as a path), else None."""
     p = Path(name).expanduser()
-    if p.exists() or name.startswith((".", "/", "~")):
-        if not p.is_dir():
-            raise CheckpointError(f"{p}: no such checkpoint folder")
+    if p.exists() or str(name).startswith((".", "/", "~")):
         return p
-    key = name.lower()
-    if key in REPO_IDS:
-        repo = REPO_IDS[key]
-    elif "/" in name:
-        repo = name
-    else:
-        raise CheckpointError(f"unknown model {name!r}: use a size ({', '.join(PRESETS)}), a Hugging Face "
-                              f"repo id, or a checkpoint folder")
+    return None
+
+
+def _unknown(name: str) -> CheckpointError:
+    return CheckpointError(f"unknown model {name!r}: use a size ({' '.join(PRESETS)}), a Hugging Face repo id, a "
+                           f"checkpoint folder, or the demo shape {' '.join(DEMO_PRESETS)}")
+
+
+def shapes_for(name: str) -> Qwen3Config:
+    """The shapes of model ``name`` without its weights: a folder's config.json, a Qwen3 size's
+    published config (by alias or repo id), the demo shape, or another repo id's config.json from
+    the local Hugging Face cache. Anything else raises CheckpointError (ValueError)."""
+    folder = _folder_name(name)
+    if folder is not None:
+        if not folder.is_dir():
+            raise CheckpointError(f"{folder}: no such checkpoint folder")
+        return Qwen3Config.from_json(folder / "config.json")
+    key = size_key(name)
+    if key is not None:
+        return PRESETS.get(key) or DEMO_PRESETS[key]
+    if "/" not in name:
+        raise _unknown(name)
+    try:
+        from huggingface_hub import hf_hub_download
+        path = hf_hub_download(name, "config.json", local_files_only=True)
+    except Exception:
+        raise CheckpointError(f"no known shapes for {name!r}: it is not a Qwen3 size and its config.json is not "
+                              f"in the local Hugging Face cache (get it with `hf download {name}`)") from None
+    return Qwen3Config.from_json(path)
+
+
+def cache_label(name: str) -> str:
+    """One name per model for the random-weights cache, so that an alias and its repo id share
+    one folder: the repo id of a Qwen3 size, the folder's name of a folder, else the name."""
+    key = size_key(name)
+    if key is not None:
+        return REPO_IDS.get(key, key).replace("/", "--")
+    folder = _folder_name(name)
+    if folder is not None:
+        return folder.resolve().name or "model"
+    return name.replace("/", "--")
+
+
+def resolve_checkpoint(name: str, allow_download: bool = True) -> Path:
+    """The local folder of model ``name``'s checkpoint: the folder itself, or the repo's
+    snapshot in the local Hugging Face cache, downloaded first where it is missing and
+    ``allow_download`` and the network allow. Raises CheckpointError (one line, saying how to get
+    it) where there is none: weights are never substituted here."""
+    folder = _folder_name(name)
+    if folder is not None:
+        if not folder.is_dir():
+            raise CheckpointError(f"{folder}: no such checkpoint folder")
+        return folder
+    key = size_key(name)
+    if key in DEMO_PRESETS:
+        raise CheckpointError(f"{name!r} is a demo shape with no checkpoint: it runs with random weights only "
+                              f"(--random-weights; random_weights=True in load_model)")
+    if key is None and "/" not in name:
+        raise _unknown(name)
+    repo = REPO_IDS[key] if key is not None else name
+    random_hint = ", or run its shapes with random weights (--random-weights; random_weights=True in load_model)"
+    how = f"get it with `hf download {repo}` or pass a checkpoint folder{random_hint if key else ''}"
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        return None
+        raise CheckpointError(f"{repo}: huggingface_hub is not installed, so the Hugging Face cache cannot be "
+                              f"read: pass a checkpoint folder{random_hint if key else ''}") from None
     patterns = ["*.json", "*.safetensors", "tokenizer*", "*.txt"]
     try:
         return Path(snapshot_download(repo, allow_patterns=patterns, local_files_only=True))
     except Exception:
         pass
-    if not allow_download or os.environ.get("HF_HUB_OFFLINE") == "1":
-        return None
+    if not allow_download:
+        raise CheckpointError(f"{repo} is not in the local Hugging Face cache and downloads are off "
+                              f"(allow_download=False): {how}")
+    if _offline():
+        raise CheckpointError(f"{repo} is not in the local Hugging Face cache and downloads are off "
+                              f"(HF_HUB_OFFLINE): {how}")
+    print(f"Downloading {repo} from the Hugging Face Hub ...", file=sys.stderr)
     try:
-        print(f"Downloading {repo} from the Hugging Face Hub ...", file=sys.stderr)
         return Path(snapshot_download(repo, allow_patterns=patterns))
     except Exception as e:
-        print(f"Could not download {repo}: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
-              file=sys.stderr)
-        return None
+        why = " ".join(str(e).split())[:160] or type(e).__name__
+        raise CheckpointError(f"{repo} is not in the local Hugging Face cache and could not be downloaded "
+                              f"({type(e).__name__}: {why}): {how}") from None
+
+
+def _offline() -> bool:
+    try:
+        from huggingface_hub import constants
+        return bool(constants.HF_HUB_OFFLINE)
+    except (ImportError, AttributeError):
+        return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
 
 
 def preset_for(name: str) -> Qwen3Config | None:
-    key = name.lower()
-    if key in PRESETS:
-        return PRESETS[key]
-    for size, repo in REPO_IDS.items():
-        if repo.lower() == key:
-            return PRESETS[size]
-    return None
+    """The published (or demo) shapes of a size alias or its repo id, else None."""
+    key = size_key(name)
+    return None if key is None else PRESETS.get(key) or DEMO_PRESETS[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# Host memory
+
+
+def available_host_memory() -> int | None:
+    """Bytes of host memory available to a new allocation (MemAvailable: free plus reclaimable
+    cache), or None where the system does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_host_memory(nbytes: int, what: str, margin: float = 1.05):
+    """Raise MemoryError, before allocating, where ``nbytes`` for ``what`` do not fit the host's
+    available memory: one line instead of the allocator's message or the OOM killer."""
+    free = available_host_memory()
+    if free is not None and nbytes * margin > free:
+        gib = 1024 ** 3
+        raise MemoryError(f"{what} needs {nbytes / gib:.1f} GiB of host memory, and {free / gib:.1f} GiB is "
+                          f"available; use a smaller model or dtype, or a machine with more memory")
+
+
+# ---------------------------------------------------------------------------------------------
+# Random weights
 
 
 def load_random(cfg: Qwen3Config, seed: int, dtype, device, label: str, progress: bool = True) -> Qwen3Weights:
     """Deterministic random weights. Models under 2B parameters are generated once on the CPU and
     cached as safetensors (float32 for tiny ones, bf16 otherwise) so later runs load the same
-    values quickly on any device; larger ones are generated on the device each time."""
+    values quickly on any device; larger ones are generated on the device each time. The cache
+    folder appears whole or not at all: it is written under a temporary name that is removed if
+    writing fails or is interrupted."""
     import hashlib
+    import shutil
 
-    if cfg.num_parameters() > 2_000_000_000:
+    params = cfg.num_parameters()
+    if params > 2_000_000_000:
         return random_weights(cfg, seed=seed, dtype=dtype, device=device)
     key = hashlib.sha1(json.dumps([cfg.to_dict(), seed], sort_keys=True).encode()).hexdigest()[:12]
     folder = cache_dir() / "random" / f"{label}-seed{seed}-{key}"
@@ -335,12 +464,39 @@ def load_random(cfg: Qwen3Config, seed: int, dtype, device, label: str, progress
             return load_checkpoint(folder, dtype=dtype, device=device, cfg=cfg, progress=progress)[1]
         except CheckpointError as e:
             print(f"Regenerating random weights: cached copy unreadable ({e})", file=sys.stderr)
+    disk_dtype = torch.float32 if params < 50_000_000 else torch.bfloat16
+    # float32 values, their converted copy, and safetensors' serialised bytes of that copy
+    check_host_memory(params * (4 + 2 * disk_dtype.itemsize), f"generating random weights for {label}")
     print(f"Generating random weights for {label} (once; cached in {folder}) ...", file=sys.stderr)
     w = random_weights(cfg, seed=seed, dtype=torch.float32, device="cpu")
-    disk_dtype = torch.float32 if cfg.num_parameters() < 50_000_000 else torch.bfloat16
+    _remove_stale_partials(folder)
+    partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
     try:
-        save_checkpoint(folder, cfg, w, dtype=disk_dtype)
+        save_checkpoint(partial, cfg, w, dtype=disk_dtype)
+        if folder.exists():
+            shutil.rmtree(folder)       # an unreadable copy, reported above
+        partial.replace(folder)
     except OSError as e:
+        shutil.rmtree(partial, ignore_errors=True)
         print(f"(not caching random weights: {e})", file=sys.stderr)
         return w.to(dtype=disk_dtype).to(dtype=dtype, device=device)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    del w
     return load_checkpoint(folder, dtype=dtype, device=device, cfg=cfg, progress=progress)[1]
+
+
+def _remove_stale_partials(folder: Path):
+    """Partial cache folders of ``folder`` left by a process that was killed outright."""
+    import shutil
+    for p in folder.parent.glob(f"{folder.name}.partial-*"):
+        try:
+            pid = int(p.name.rsplit("-", 1)[1])
+            os.kill(pid, 0)
+            continue                    # its writer is still running
+        except ProcessLookupError:
+            pass
+        except (ValueError, PermissionError):
+            continue
+        shutil.rmtree(p, ignore_errors=True)

@@ -52,12 +52,16 @@ def test_cli_from_a_checkpoint_folder(tmp_path, capsys, strategy, mode):
 
 @pytest.mark.parametrize("args, fragment", [
     (["--model", "7b"], "unknown model '7b'"),
-    (["--model", "0.6b", "--workers", "0"], "--workers must be at least 1"),
-    (["--model", "0.6b", "--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--model", "0.6b", "--workers", "0"], "--workers: must be at least 1"),
+    (["--model", "0.6b", "--batch-size", "0"], "--batch-size: must be at least 1"),
+    (["--model", "0.6b", "--max-seq-len", "1"], "--max-seq-len: must be at least 2"),
+    (["--model", "0.6b", "--bandwidth", "0"], "--bandwidth must be positive"),
+    (["--model", "3.3b"], "unknown model '3.3b'"),
+    (["--model", "0.6b", "--workers", "many"], "'many' is not an integer"),
     (["--model", "0.6b", "--strategy", "random"], "invalid choice"),
     (["--model", "0.6b", "--mode", "fast"], "invalid choice"),
     (["--workers", "4"], "--model"),
-    (["--model", "/nonexistent/folder"], "unknown model"),
+    (["--model", "/nonexistent/folder"], "no such checkpoint folder"),
 ])
 def test_cli_errors(capsys, args, fragment):
     with pytest.raises(SystemExit) as e:
