@@ -40,10 +40,10 @@ MARK_BEGIN, MARK_END = "<!-- results:begin -->", "<!-- results:end -->"
 def git_state(root: Path = REPO) -> tuple[str | None, bool | None]:
     """(commit, dirty) of the checkout the code runs from; dirty means tracked changes under the
     code paths (the results table, plots and README change between a run and its commit, so they
-    do not count). Outside a git checkout (a copy of the tree on another machine) the commit the
-    copy was made from may be given as MEGAKERNEL_GIT_COMMIT, with MEGAKERNEL_GIT_DIRTY=1 where the
-    copy had code changes; else (None, None)."""
-    if not (root / ".git").exists() and os.environ.get("MEGAKERNEL_GIT_COMMIT"):
+    do not count). A copy of the tree run on another machine may carry a stale or no .git: there
+    the commit the copy was made from is given as MEGAKERNEL_GIT_COMMIT (MEGAKERNEL_GIT_DIRTY=1 where
+    the copy had code changes), which takes precedence. (None, None) outside a git checkout."""
+    if os.environ.get("MEGAKERNEL_GIT_COMMIT"):
         return os.environ["MEGAKERNEL_GIT_COMMIT"], os.environ.get("MEGAKERNEL_GIT_DIRTY") == "1"
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
