@@ -1,7 +1,7 @@
 """MegaQwen3's per-slot control (prefill_slot, step_slots, free_slot), which continuous batching
 stands on: sequences that join, leave and reuse slots of a running batch, next to idle slots,
 decode exactly as each would alone; for the reference and for the megakernel (Triton's
-interpreter)."""
+interpreter); and the engine's detokenizer never splits a character."""
 
 from __future__ import annotations
 
@@ -80,3 +80,42 @@ def test_prefill_slot_checks_its_input(tiny_checkpoint):
         mk.step_slots([0])
     mk.reset_slots()
     assert mk.cache.lengths.tolist() == [mk.PARK_LENGTH] * 2
+
+
+def byte_tokenizer():
+    """A byte-level BPE (Qwen's kind) trained on text with multi-byte characters, so that tokens
+    carry parts of characters."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=330, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["naïve café 中文字 😀 déjà vu the cat sat"] * 10, trainer)
+    return tok
+
+
+def test_detokenizer_never_splits_a_character(seed):
+    from megakernel.serve.text import Detokenizer
+    tok = byte_tokenizer()
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    g = torch.Generator().manual_seed(seed)
+    # random ids (invalid UTF-8 too) and a text's own ids, byte by byte: held back until whole
+    text = "naïve 中文 😀!"
+    byte_ids = [tok.token_to_id(c) for c in byte_symbols(text)]
+    cases = [torch.randint(0, tok.get_vocab_size(), (60,), generator=g).tolist() for _ in range(20)] + [byte_ids]
+    for ids in cases:
+        d = Detokenizer(decode)
+        pieces = [d.add(t) for t in ids]
+        pieces.append(d.flush())
+        assert "".join(pieces) == decode(ids)
+        assert not any(p.endswith("\ufffd") for p in pieces[:-1])   # an incomplete character waits
+    d = Detokenizer(decode)
+    pieces = [d.add(t) for t in byte_ids] + [d.flush()]
+    assert [p for p in pieces if p] == ["n", "a", "ï", "v", "e", " ", "中", "文", " ", "😀", "!"]
+
+
+def byte_symbols(text: str) -> str:
+    """The byte-level alphabet's symbol of each UTF-8 byte of ``text``."""
+    from tokenizers import pre_tokenizers
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(text)[0][0]
