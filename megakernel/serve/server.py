@@ -159,5 +159,8 @@ def main(argv=None) -> int:
              engine.mk.backend_name, "text and chat" if codec.has_chat_template else
              "text" if codec.has_text else "token ids only (no tokenizer)", time.perf_counter() - t0)
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:   # uvicorn shut down gracefully, then passes Ctrl-C on
+        return 130
     return 0
