@@ -258,3 +258,82 @@ class MegaQwen3:
             made += k
         self.finish_reasons, self.num_generated = reasons, count
         return torch.stack(rows, dim=1).to(self.tokens.device)
+
+    # -----------------------------------------------------------------------------------------
+    # Per-slot control for continuous batching (megakernel.serve). Each of the batch_size rows
+    # is a slot that holds one sequence or none: a sequence is prefilled into its slot alone,
+    # the whole batch steps together, and a slot is freed without touching the others. An idle
+    # slot is parked at length PARK_LENGTH with token 0: it still runs in the step (the batch is
+    # static) and its output is ignored.
+
+    PARK_LENGTH = 1
+
+    def _prefill_one(self, b: int, ids: torch.Tensor) -> torch.Tensor:
+        """Fill sequence b's cache with ``ids`` from position 0; float32 logits [V] of the last
+        position. The prefill of ``prefill`` run on a one-sequence view of the cache (views share
+        its memory), so the other slots are untouched."""
+        c = self.cache
+        one = KVCache(k=c.k[:, b:b + 1], v=c.v[:, b:b + 1], lengths=c.lengths[b:b + 1])
+        return qwen3_prefill.prefill(self.config, self.weights, one, [ids])[0]
+
+    @torch.no_grad()
+    def prefill_slot(self, b: int, input_ids) -> torch.Tensor:
+        """Prefill slot ``b`` with one prompt (a list or 1-D tensor of ids) from position 0 and
+        leave every other slot as it is. Sets the slot's length and its pending token (the greedy
+        choice; ``set_token`` replaces it). Returns float32 logits [V] of the last position."""
+        if not 0 <= b < self.batch_size:
+            raise ValueError(f"slot {b} is outside the batch of {self.batch_size}")
+        ids = torch.as_tensor(input_ids, dtype=torch.long).flatten().cpu()
+        V = self.config.vocab_size
+        if ids.numel() == 0:
+            raise ValueError(f"slot {b}: the prompt is empty")
+        if ids.numel() >= self.max_seq_len:
+            raise ValueError(f"slot {b}: the prompt has {ids.numel()} tokens; max_seq_len is "
+                             f"{self.max_seq_len}, which leaves no room to generate")
+        if int(ids.min()) < 0 or int(ids.max()) >= V:
+            raise ValueError(f"slot {b}: the prompt has token ids outside [0, {V})")
+        logits = self._prefill_one(b, ids.to(self.tokens.device)).float()
+        self.cache.lengths[b] = ids.numel()
+        self._lengths[b] = ids.numel()
+        self.tokens[b] = logits.argmax()
+        self.logits[b] = logits
+        return logits
+
+    def set_token(self, b: int, token: int | torch.Tensor):
+        """Make ``token`` slot b's pending input token (the next step appends it)."""
+        self.tokens[b] = token
+
+    def free_slot(self, b: int):
+        """Park slot ``b``: its sequence is forgotten, the others are untouched."""
+        self.cache.lengths[b] = self.PARK_LENGTH
+        self.tokens[b] = 0
+        self._lengths[b] = self.PARK_LENGTH
+
+    def reset_slots(self):
+        """Forget every sequence and park every slot (after a failed step, say)."""
+        self.reset()
+        self.cache.lengths.fill_(self.PARK_LENGTH)
+        self._lengths = [self.PARK_LENGTH] * self.batch_size
+
+    @torch.no_grad()
+    def step_slots(self, active: Sequence[int]) -> torch.Tensor:
+        """One decode step of the whole batch in which only the slots in ``active`` hold
+        sequences; the others are parked again after it. Returns the greedy next tokens,
+        LongTensor [B] on the host (this synchronises); ``self.logits`` holds every slot's logits.
+        Where the backend reports kernel errors late (on a GPU, a step's error is read during
+        the next), it is asked at once, so that a failed step never yields tokens."""
+        active = set(active)
+        full = [b for b in active if self._lengths[b] + 1 > self.max_seq_len]
+        if full:
+            raise ValueError(f"slot {full[0]} is at {self._lengths[full[0]]} of max_seq_len {self.max_seq_len}: "
+                             f"no room for another step")
+        self.backend.decode()
+        check = getattr(self.backend, "synchronize", None)
+        if check is not None:
+            check()
+        self._lengths = [n + 1 if b in active else self.PARK_LENGTH for b, n in enumerate(self._lengths)]
+        if len(active) < self.batch_size:
+            parked = [b for b in range(self.batch_size) if b not in active]
+            self.cache.lengths[parked] = self.PARK_LENGTH
+            self.tokens[parked] = 0
+        return self.tokens.long().cpu()

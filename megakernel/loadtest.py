@@ -1,0 +1,195 @@
+"""``python -m megakernel.loadtest``: concurrent streaming clients against an OpenAI-compatible
+server for a fixed time; reports requests/s, output tokens/s and p50/p99 of time to first token
+and inter-token latency, and whether anything failed or was lost.
+
+    python -m megakernel.loadtest --url http://127.0.0.1:8000 --concurrency 32 --duration 60
+
+Each client sends streamed completions one after another until the time is up (those under way
+then are finished and counted). Prompts are token ids by default, so that a server of random
+weights (no tokenizer) is measured the same way; ``--prompt`` sends text. Every response is
+checked: an HTTP error or an error event counts as failed; a stream that ends without ``[DONE]``,
+or whose streamed tokens differ in number from its usage (or from --max-tokens where EOS is
+ignored), counts as lost. The exit status is 1 where anything failed or was lost, 2 for bad
+input, else 0; ``--json`` prints the report as one JSON object as the last stdout line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Random prompt ids are drawn from here: inside every Qwen3 vocabulary and any byte-level one.
+PROMPT_ID_RANGE = (10, 256)
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = _Parser(prog="python -m megakernel.loadtest", description=__doc__.splitlines()[0])
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
+    p.add_argument("--concurrency", type=int, default=32, help="clients sending at once")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds to keep sending")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--prompt-tokens", type=int, default=32, help="length of the random token-id prompts")
+    p.add_argument("--prompt", default=None, help="send this text as every prompt instead of token ids")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--eos", action="store_true", help="let EOS end a completion (default: ignore_eos, fixed "
+                   "lengths)")
+    p.add_argument("--model", default=None, help="model name (default: the server's first in /v1/models)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    p.add_argument("--json", action="store_true", help="print the report as JSON as the last stdout line")
+    args = p.parse_args(argv)
+    for name in ("concurrency", "max_tokens", "prompt_tokens"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not args.duration > 0 or not args.timeout > 0:
+        raise UsageError("--duration and --timeout must be positive")
+    return args
+
+
+@dataclass
+class Stats:
+    ok: int = 0
+    failed: int = 0
+    lost: int = 0
+    tokens: int = 0
+    ttft: list = field(default_factory=list)
+    itl: list = field(default_factory=list)
+    errors: list = field(default_factory=list)
+
+    def fail(self, kind: str, why: str):
+        setattr(self, kind, getattr(self, kind) + 1)
+        if len(self.errors) < 10:
+            self.errors.append(f"{kind}: {why}")
+
+
+async def one_request(client, args, model: str, prompt, stats: Stats):
+    body = {"model": model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": args.temperature,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": not args.eos,
+            "return_token_ids": True}
+    t0 = time.perf_counter()
+    first = last = None
+    streamed, usage, done = 0, None, False
+    ttft, gaps = None, []
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                text = (await r.aread()).decode(errors="replace")
+                stats.fail("failed", f"HTTP {r.status_code}: {text[:200]}")
+                return
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    done = True
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    stats.fail("failed", f"error event: {chunk['error'].get('message')}")
+                    return
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                n = sum(len(c.get("token_ids") or []) for c in chunk.get("choices", []))
+                if not n:
+                    continue
+                now = time.perf_counter()
+                streamed += n
+                if first is None:
+                    first, ttft = now, now - t0
+                else:            # tokens that arrived together share the gap
+                    gaps += [(now - last) / n] * n
+                last = now
+    except Exception as e:   # connection refused or reset, timeout, bad JSON: the request failed
+        stats.fail("failed", f"{type(e).__name__}: {e}")
+        return
+    if not done or usage is None:
+        stats.fail("lost", "the stream ended without [DONE] or usage")
+        return
+    if streamed != usage["completion_tokens"] or (not args.eos and streamed != args.max_tokens):
+        stats.fail("lost", f"{streamed} tokens streamed, usage says {usage['completion_tokens']}, asked "
+                           f"{args.max_tokens}")
+        return
+    stats.ok += 1
+    stats.tokens += streamed
+    stats.ttft.append(ttft)
+    stats.itl += gaps
+
+
+async def run(args) -> dict:
+    import httpx
+    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
+    async with httpx.AsyncClient(base_url=args.url.rstrip("/"), timeout=args.timeout, limits=limits) as client:
+        try:
+            models = (await client.get("/v1/models", timeout=10)).json()["data"]
+        except Exception as e:
+            raise UsageError(f"cannot reach an OpenAI-compatible server at {args.url} ({type(e).__name__}: {e})") \
+                from None
+        model = args.model or models[0]["id"]
+        rng = random.Random(args.seed)
+        stats = Stats()
+        deadline = time.perf_counter() + args.duration
+
+        async def client_loop():
+            while time.perf_counter() < deadline:
+                prompt = args.prompt if args.prompt is not None else \
+                    [rng.randrange(*PROMPT_ID_RANGE) for _ in range(args.prompt_tokens)]
+                await one_request(client, args, model, prompt, stats)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client_loop() for _ in range(args.concurrency)))
+        wall = time.perf_counter() - t0
+
+    def pct(xs, q):
+        return float(np.percentile(xs, q) * 1e3) if xs else None
+
+    return {"url": args.url, "model": model, "concurrency": args.concurrency, "duration_s": wall,
+            "max_tokens": args.max_tokens, "requests": stats.ok, "failed": stats.failed, "lost": stats.lost,
+            "requests_per_s": stats.ok / wall, "output_tokens": stats.tokens,
+            "output_tokens_per_s": stats.tokens / wall,
+            "ttft_ms_p50": pct(stats.ttft, 50), "ttft_ms_p99": pct(stats.ttft, 99),
+            "itl_ms_p50": pct(stats.itl, 50), "itl_ms_p99": pct(stats.itl, 99), "errors": stats.errors}
+
+
+def _ms(x) -> str:
+    return "n/a" if x is None else f"{x:.1f} ms"
+
+
+def main(argv=None) -> int:
+    try:
+        args = parse_args(argv)
+        report = asyncio.run(run(args))
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{report['model']} at {report['url']}: {report['concurrency']} clients for {report['duration_s']:.1f} s, "
+          f"max_tokens {report['max_tokens']}")
+    print(f"requests: {report['requests']} done, {report['failed']} failed, {report['lost']} lost; "
+          f"{report['requests_per_s']:.2f} requests/s")
+    print(f"output: {report['output_tokens']} tokens, {report['output_tokens_per_s']:.1f} tokens/s")
+    print(f"time to first token: p50 {_ms(report['ttft_ms_p50'])}, p99 {_ms(report['ttft_ms_p99'])}")
+    print(f"inter-token latency: p50 {_ms(report['itl_ms_p50'])}, p99 {_ms(report['itl_ms_p99'])}")
+    for e in report["errors"]:
+        print(f"  {e}")
+    if args.json:
+        print(json.dumps(report))
+    return 1 if report["failed"] or report["lost"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""``python -m megakernel.serve``: an OpenAI-compatible server over continuous batching.
+
+    python -m megakernel.serve --model 0.6b --batch-size 16 --port 8000
+
+A mistake in the command line or the model (an unknown size, a damaged checkpoint, a port in use)
+ends with one line ``error: ...`` on stderr and exit status 2, before the model is loaded where
+it can be told sooner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import socket
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("megakernel.serve")
+
+NEEDS = ("fastapi", "uvicorn", "prometheus_client", "transformers")
+
+
+class UsageError(Exception):
+    """A mistake in the command line: one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    from megakernel.runtime import BACKENDS
+    p = _Parser(prog="python -m megakernel.serve", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="0.6b",
+                   help="size alias (0.6b 1.7b 4b 8b 14b 32b), Hugging Face repo id, or checkpoint folder")
+    p.add_argument("--random-weights", action="store_true",
+                   help="deterministic random weights of the model's shapes (no tokenizer: prompts are token ids)")
+    p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
+    p.add_argument("--batch-size", type=int, default=16, help="slots of the running batch (default 16)")
+    p.add_argument("--max-seq-len", type=int, default=4096,
+                   help="context of each slot: prompt plus completion tokens (default 4096)")
+    p.add_argument("--max-queue", type=int, default=256,
+                   help="sequences that may wait for a slot; past that, requests get a 503 (default 256)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--backend", default=None,
+                   help=f"one of {', '.join(BACKENDS)} (default: megakernel on CUDA, else reference)")
+    p.add_argument("--device", default=None, help="cpu, cuda or npu (default: the best available)")
+    p.add_argument("--log-prompts", action="store_true", help="log prompt text (off by default)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    args = p.parse_args(argv)
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.max_seq_len < 2:
+        raise UsageError(f"--max-seq-len must be at least 2, got {args.max_seq_len}")
+    if args.max_queue < 1:
+        raise UsageError(f"--max-queue must be at least 1, got {args.max_queue}")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in 0..65535, got {args.port}")
+    if args.backend is not None and args.backend not in BACKENDS:
+        raise UsageError(f"unknown backend {args.backend!r}: choose one of {', '.join(BACKENDS)}")
+    return args
+
+
+def check_dependencies():
+    import importlib.util
+    missing = [m for m in NEEDS if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f"the server needs {', '.join(missing)}: pip install -e \".[serve]\"")
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A bound socket, so that a port in use is reported before the model loads."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as e:
+        raise UsageError(f"cannot listen on {host}:{port} ({e.strerror or e})") from None
+    return sock
+
+
+def sampling_defaults(folder: Path | None) -> dict:
+    """Sampling settings the checkpoint's generation_config.json gives for requests that leave
+    them out, as vLLM applies them (Qwen3: temperature 0.6, top_p 0.95, top_k 20)."""
+    path = None if folder is None else Path(folder) / "generation_config.json"
+    if path is None or not path.exists():
+        return {}
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if cfg.get("do_sample") is False:
+        return {"temperature": 0.0}
+    return {k: cfg[k] for k in ("temperature", "top_p", "top_k") if cfg.get(k) is not None}
+
+
+def build(model, *, batch_size: int = 16, max_seq_len: int = 4096, max_queue: int = 256, backend: str | None = None,
+          name: str | None = None, log_prompts: bool = False, warmup: bool = True):
+    """The FastAPI app and its running engine for a loaded ``Qwen3Model`` (megakernel.load_model)."""
+    from models.qwen3.tokenizer import stop_token_ids
+
+    from megakernel.generate import default_backend
+    from megakernel.runtime import MegaQwen3
+
+    from .api import ServerConfig, create_app
+    from .engine import Engine
+    from .metrics import Metrics
+    from .text import TextCodec
+
+    codec = TextCodec.load(model.checkpoint, model.config.vocab_size)
+    config = ServerConfig(model_name=name or model.name, max_seq_len=max_seq_len,
+                          stop_ids=frozenset(stop_token_ids(model.checkpoint, model.config)),
+                          defaults=sampling_defaults(model.checkpoint), log_prompts=log_prompts)
+    backend = backend or default_backend(model.device)
+    mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=batch_size, backend=backend)
+    metrics = Metrics(batch_size, max_queue)
+    engine = Engine(mk, metrics, max_queue=max_queue)
+    engine.start(warmup=warmup)
+    app = create_app(engine, codec, config, metrics)
+    return app, engine, config, codec
+
+
+def main(argv=None) -> int:
+    try:
+        args = parse_args(argv)
+        check_dependencies()
+        sock = listen(args.host, args.port)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import prometheus_client
+    prometheus_client.disable_created_metrics()   # the *_created series only repeat the start time
+    try:
+        import uvicorn
+
+        from megakernel import device as devices
+        from megakernel.model import load_model
+        dev = devices.resolve(args.device)
+        t0 = time.perf_counter()
+        model = load_model(args.model, random_weights=args.random_weights, device=dev,
+                           progress=sys.stderr.isatty())
+        app, engine, config, codec = build(model, batch_size=args.batch_size, max_seq_len=args.max_seq_len,
+                                           max_queue=args.max_queue, backend=args.backend,
+                                           name=args.served_model_name or args.model, log_prompts=args.log_prompts)
+    except (UsageError, ValueError, OSError, RuntimeError, MemoryError) as e:
+        # ValueError covers CheckpointError and bad settings; RuntimeError an absent device or backend
+        sock.close()
+        print(f"error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
+        return 2
+    host, port = sock.getsockname()[:2]
+    log.info("serving %s (%s, %s) on http://%s:%d: batch %d, max_seq_len %d, backend %s, %s; ready in %.1f s",
+             config.model_name, model.dtype, model.device, host, port, args.batch_size, args.max_seq_len,
+             engine.mk.backend_name, "text and chat" if codec.has_chat_template else
+             "text" if codec.has_text else "token ids only (no tokenizer)", time.perf_counter() - t0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:   # uvicorn shut down gracefully, then passes Ctrl-C on
+        return 130
+    return 0
