@@ -139,16 +139,20 @@ class MegaQwen3:
 
     def _check_prompts(self, input_ids) -> list[torch.Tensor]:
         prompts = _as_prompts(input_ids, self.batch_size)
-        V = self.config.vocab_size
         for b, p in enumerate(prompts):
-            if p.numel() == 0:
-                raise ValueError(f"prompt {b} is empty")
-            if p.numel() >= self.max_seq_len:
-                raise ValueError(f"prompt {b} has {p.numel()} tokens; max_seq_len is {self.max_seq_len}, "
-                                 f"which leaves no room to generate")
-            if int(p.min()) < 0 or int(p.max()) >= V:
-                raise ValueError(f"prompt {b} has token ids outside [0, {V})")
+            self._check_prompt(f"prompt {b}", p)
         return prompts
+
+    def _check_prompt(self, name: str, p: torch.Tensor):
+        """A prompt (1-D ids) must be non-empty, leave room to generate and hold only vocabulary ids."""
+        V = self.config.vocab_size
+        if p.numel() == 0:
+            raise ValueError(f"{name} is empty")
+        if p.numel() >= self.max_seq_len:
+            raise ValueError(f"{name} has {p.numel()} tokens; max_seq_len is {self.max_seq_len}, "
+                             f"which leaves no room to generate")
+        if int(p.min()) < 0 or int(p.max()) >= V:
+            raise ValueError(f"{name} has token ids outside [0, {V})")
 
     def _check_room(self, n: int):
         if not any(self._lengths):
@@ -284,14 +288,7 @@ class MegaQwen3:
         if not 0 <= b < self.batch_size:
             raise ValueError(f"slot {b} is outside the batch of {self.batch_size}")
         ids = torch.as_tensor(input_ids, dtype=torch.long).flatten().cpu()
-        V = self.config.vocab_size
-        if ids.numel() == 0:
-            raise ValueError(f"slot {b}: the prompt is empty")
-        if ids.numel() >= self.max_seq_len:
-            raise ValueError(f"slot {b}: the prompt has {ids.numel()} tokens; max_seq_len is "
-                             f"{self.max_seq_len}, which leaves no room to generate")
-        if int(ids.min()) < 0 or int(ids.max()) >= V:
-            raise ValueError(f"slot {b}: the prompt has token ids outside [0, {V})")
+        self._check_prompt(f"slot {b}'s prompt", ids)
         logits = self._prefill_one(b, ids.to(self.tokens.device)).float()
         self.cache.lengths[b] = ids.numel()
         self._lengths[b] = ids.numel()
