@@ -13,7 +13,10 @@ step is what lets the next step start with no host work.
 import triton
 import triton.language as tl
 
+from scheduler.kinds import Op
+
 from .common import KEY_EMPTY, RELAXED, wait_counter
+from .kind import DeviceKind
 
 
 @triton.jit
@@ -35,11 +38,9 @@ def argmax_tile(t0, t1, amax_ptr, tokens_ptr, lengths_ptr, hist_ptr, s, steps, c
 @triton.jit
 def argmax_kernel(amax_ptr, tokens_ptr, lengths_ptr, B: tl.constexpr):
     pid = tl.program_id(0)
-    argmax_tile(pid, pid + 1, amax_ptr, tokens_ptr, lengths_ptr, tokens_ptr, 0, 1, lengths_ptr, 0, B, False, 0)
-
-
-def argmax(st, p, layer=0):
-    argmax_kernel[(p.B,)](st.amax, st.tokens, st.lengths, B=p.B, num_warps=1)
+    # one step a launch (s 0 of 1), no wait; the history is the token itself
+    argmax_tile(pid, pid + 1, amax_ptr, tokens_ptr, lengths_ptr, hist_ptr=tokens_ptr, s=0, steps=1,
+                cnt_ptr=lengths_ptr, target=0, B=B, WAIT=False, SPIN=0)
 
 
 def argmax_ref(st, p, layer, t0, t1):
@@ -48,3 +49,7 @@ def argmax_ref(st, p, layer, t0, t1):
         st.amax[b] = KEY_EMPTY.value
         st.tokens[b] = 4294967295 - (key & 4294967295)
         st.lengths[b] += 1
+
+
+KINDS = (DeviceKind(Op.ARGMAX, argmax_tile, argmax_kernel, argmax_ref, reads=("amax", "lengths"),
+                    writes=("amax", "tokens", "lengths", "hist"), num_warps=1),)

@@ -13,8 +13,6 @@ import os
 import triton
 import triton.language as tl
 
-from scheduler import ops
-
 # triton-ascend (it replaces Triton's package) supports only acq_rel atomics on the NPU; elsewhere
 # the weaker, cheaper orders are used: a consumer's poll acquires, a producer's signal releases.
 ASCEND = importlib.util.find_spec("triton.backends.ascend") is not None

@@ -27,30 +27,18 @@ scheduler is testable in milliseconds).
 
 from __future__ import annotations
 
-import enum
 from dataclasses import asdict, dataclass, replace
 from functools import partial
+
+from .kinds import KINDS, Op, cdiv as _cdiv, kind
 
 WORDS = 8
 # the pool word: claims counter in the low bits, claims a step above them
 POOL_SHIFT = 16
-# Counters restart from zero every this many steps (``PersistentBackend.decode``), so a pool's
-# claims a step stay below 2^31 / this
-MAX_POOL_CLAIMS = (1 << 31) // 65536 - 1
-
-
-class Op(enum.IntEnum):
-    NOOP = 0
-    EMBED = 1      # x[b] = embed[token[b]]                                   tile: one sequence
-    QKV = 2        # qkv[b] = Wqkv rmsnorm(x[b])                               tile: R_QKV rows
-    ATTN = 3       # q/k norm, RoPE, KV append, split-KV attention; the last     tile: (b, kv head, split)
-                   # split of a (b, kv head) to finish combines the splits
-    OPROJ = 4      # x[b] += Wo attn[b]                                        tile: R_O rows
-    GATEUP = 5     # act[b] = silu(Wg h) * (Wu h), h = rmsnorm(x[b])           tile: R_GU rows of each
-    DOWN = 6       # x[b] += Wd act[b]                                         tile: R_DOWN rows
-    LMHEAD = 7     # logits[b] = Wlm rmsnorm(x[b]); raises the packed argmax   tile: R_LM rows
-    ARGMAX = 8     # token[b] from the packed argmax; length[b] += steps       tile: one sequence
-    BARRIER = 9    # superkernel: signal, then wait for every worker           (no tiles)
+# The persistent backend zeroes its int32 counters every this many steps, so a pool's claims a
+# step must stay below 2^31 / this
+COUNTER_RESET_STEPS = 65536
+MAX_POOL_CLAIMS = (1 << 31) // COUNTER_RESET_STEPS - 1
 
 
 @dataclass(frozen=True)
@@ -83,10 +71,6 @@ class Instr:
         if self.op in (Op.NOOP, Op.BARRIER):
             return f"{name}"
         return f"{name} layer {self.layer} tiles {self.tile_start}..{self.tile_end - 1}"
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _pow2_floor(n: int) -> int:
@@ -137,7 +121,7 @@ class Plan:
 
     def pool(self, op: Op) -> int:
         """Tiles of ``op``'s pool (its last ones), 0 where it has none."""
-        field = POOL_FIELDS.get(Op(op))
+        field = POOL_FIELDS.get(op)
         return getattr(self, field) if field else 0
 
     @property
@@ -151,16 +135,8 @@ class Plan:
         return next_pow2(self.NSPLIT)
 
     def tiles(self, op: Op) -> int:
-        return {
-            Op.EMBED: self.B,
-            Op.QKV: _cdiv(self.QKV_ROWS, self.R_QKV),
-            Op.ATTN: self.B * self.HKV * self.NSPLIT,
-            Op.OPROJ: _cdiv(self.H, self.R_O),
-            Op.GATEUP: _cdiv(self.I, self.R_GU),
-            Op.DOWN: _cdiv(self.H, self.R_DOWN),
-            Op.LMHEAD: _cdiv(self.V, self.R_LM),
-            Op.ARGMAX: self.B,
-        }[op]
+        """Tiles of one stage of ``op`` (``scheduler.kinds``)."""
+        return kind(op).tiles(self)
 
     def constexprs(self) -> dict:
         return {**asdict(self), "NSPLIT_PAD": self.NSPLIT_PAD}
@@ -197,7 +173,7 @@ MAX_BK = 4096
 # Pools (module doc): in a plan whose gate/up stage streams at least POOL_MIN_BYTES of weights a
 # worker at batch 1, a stage whose tiles give every worker at least POOL_MIN_TILES leaves
 # 1 / POOL_DIV of them to a pool.
-POOL_FIELDS = {Op.OPROJ: "POOL_O", Op.GATEUP: "POOL_GU", Op.DOWN: "POOL_DOWN", Op.LMHEAD: "POOL_LM"}
+POOL_FIELDS = {Op[k.name]: k.pool for k in KINDS if k.pool}
 POOL_MIN_BYTES = 512 * 1024
 POOL_MIN_TILES = 4
 POOL_DIV = 5
@@ -358,18 +334,9 @@ def without_pools(plan: Plan) -> Plan:
 
 def cost(plan: Plan, op: Op, ntiles: int, itemsize: int = 2) -> int:
     """Bytes an instruction of ``ntiles`` tiles reads from memory (weights dominate at batch 1;
-    attention counts the KV cache at full length)."""
-    p = plan
-    per_tile = {
-        Op.EMBED: p.H * itemsize,
-        Op.QKV: p.R_QKV * p.H * itemsize,
-        Op.ATTN: 2 * _cdiv(p.S, p.NSPLIT) * p.D * itemsize,
-        Op.OPROJ: p.R_O * p.HQ * p.D * itemsize,
-        Op.GATEUP: 2 * p.R_GU * p.H * itemsize,
-        Op.DOWN: p.R_DOWN * p.I * itemsize,
-        Op.LMHEAD: p.R_LM * p.H * itemsize,
-        Op.ARGMAX: 8 * p.tiles(Op.LMHEAD),
-        Op.BARRIER: 0,
-        Op.NOOP: 0,
-    }[Op(op)]
-    return per_tile * ntiles
+    attention counts the KV cache at full length). Control words (NOOP, BARRIER) read nothing."""
+    k = _BY_OP.get(op)
+    return k.tile_bytes(plan, itemsize) * ntiles if k else 0
+
+
+_BY_OP = {Op[k.name]: k for k in KINDS}
