@@ -16,7 +16,7 @@ import torch
 from instructions import common as k_common
 from instructions.registry import DEVICE_KINDS
 from scheduler.graph import Tape, build_tape, build_stages, encode
-from scheduler.ops import COUNTER_RESET_STEPS, MAX_BK, Op, Plan, make_plan
+from scheduler.ops import COUNTER_RESET_STEPS, MAX_BK, WORKERS_PER_SM, Op, Plan, make_plan
 
 from . import device as devices
 from .buffers import HOT_CHUNK, MAX_STEPS_PER_LAUNCH, StepBuffers, hot_buffers, kernel_args  # noqa: F401
@@ -73,7 +73,7 @@ class PersistentBackend:
 
     def __init__(self, mk, mode: str = "megakernel", num_workers: int | None = None,
                  strategy: str = "balanced", spin: int | None = None, num_warps: int = 4, trace: int = 0,
-                 workers_per_sm: int = 2, max_bk: int = MAX_BK, plan_overrides: dict | None = None,
+                 workers_per_sm: int = WORKERS_PER_SM, max_bk: int = MAX_BK, plan_overrides: dict | None = None,
                  prefetch_tape: bool | None = None):
         _check_kernel_device(mk, mode)
         # triton-ascend cannot lower the vector tape fetch (tests/npu_lowering.py): scalar there
@@ -288,7 +288,7 @@ class PerOpBackend:
     """Each instruction kind launched as its own kernel over all its tiles."""
 
     def __init__(self, mk, num_workers: int | None = None, num_warps: int = 4, graph: bool = False,
-                 workers_per_sm: int = 2, max_bk: int = MAX_BK, plan_overrides: dict | None = None, **_):
+                 workers_per_sm: int = WORKERS_PER_SM, max_bk: int = MAX_BK, plan_overrides: dict | None = None, **_):
         _check_kernel_device(mk, "cuda-graph" if graph else "per-op")
         dev = mk.weights.device
         if graph and dev.type != "cuda":

@@ -1,9 +1,9 @@
 """``python -m megakernel.tape``: what the instruction tape of a model looks like, without weights.
 
 Prints instructions per kind and per worker (count, bytes read, estimated time), the critical
-path in dependent steps (the longest chain of counter waits; each costs a cross-worker round trip
-of 1.5-1.8 us on an H200, DESIGN.md section 7), the balance of bytes across workers, and
-validates the tape. Needs only the model's shapes: a size alias (its published config), a Hugging
+path in dependent steps (the longest chain of counter waits; each costs a cross-worker round trip,
+see docs/performance.md), the balance of bytes across workers, and validates the tape. With
+``--explain``, which of the plan's rules (``scheduler.ops.PLAN_RULES``) fired and why. Needs only the model's shapes: a size alias (its published config), a Hugging
 Face repo id of one, or a checkpoint folder with a config.json.
 """
 
@@ -17,8 +17,13 @@ from pathlib import Path
 from models.qwen3.config import Qwen3Config
 from models.qwen3.weights import preset_for
 from scheduler.graph import MODES, STRATEGIES, build_tape
-from scheduler.ops import Op, cost, make_plan
+from scheduler.ops import WORKERS_PER_SM, Op, cost, plan_and_rules
 from scheduler.validate import TapeError, dependent_steps, validate
+
+
+# what the runtime runs on an H100 by default: WORKERS_PER_SM programs on each of its 132 SMs
+H100_SMS = 132
+RUNTIME_WORKERS = WORKERS_PER_SM * H100_SMS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,8 +44,8 @@ def _config(name: str) -> Qwen3Config:
 
 
 def summary(cfg: Qwen3Config, workers: int, strategy: str, mode: str, batch_size: int, max_seq_len: int,
-            bandwidth_gbs: float, step_us: float, name: str = "") -> str:
-    plan = make_plan(cfg, batch_size, max_seq_len, workers)
+            bandwidth_gbs: float, step_us: float, name: str = "", explain: bool = False) -> str:
+    plan, fired = plan_and_rules(cfg, batch_size, max_seq_len, workers)
     tape = build_tape(plan, workers, strategy=strategy, mode=mode)
     validate(tape)
     deps = dependent_steps(tape)
@@ -48,6 +53,10 @@ def summary(cfg: Qwen3Config, workers: int, strategy: str, mode: str, batch_size
     out = [f"tape: {name or 'model'}  mode {mode}  strategy {strategy}  workers {workers}  "
            f"batch {batch_size}  max_seq_len {max_seq_len}",
            "plan: " + " ".join(f"{k}={v}" for k, v in plan.constexprs().items())]
+    if explain:
+        out.append("plan rules fired, in order:" if fired else "plan rules fired: none (the base plan)")
+        out += [f"  {rule.name}: {' '.join(f'{k}={v}' for k, v in fields.items())}  ({rule.why})"
+                for rule, fields in fired]
 
     # tiles and bytes of each kind, a pool's tiles (claimed at run time) counted once per stage
     kinds: dict[Op, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
@@ -114,7 +123,10 @@ def summary(cfg: Qwen3Config, workers: int, strategy: str, mode: str, batch_size
 def main(argv=None) -> int:
     ap = _Parser(prog="python -m megakernel.tape", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="size alias (0.6b ... 32b), repo id, or checkpoint folder")
-    ap.add_argument("--workers", type=int, default=132, help="worker programs (about one per SM; default 132)")
+    ap.add_argument("--workers", type=int, default=RUNTIME_WORKERS,
+                    help=f"worker programs; default {RUNTIME_WORKERS}, what the runtime runs on an H100 "
+                         f"({WORKERS_PER_SM} programs on each of its {H100_SMS} SMs), so the tape printed is the "
+                         f"tape that runs there")
     ap.add_argument("--strategy", choices=STRATEGIES, default="balanced")
     ap.add_argument("--mode", choices=MODES, default="megakernel")
     ap.add_argument("--batch-size", type=int, default=1)
@@ -122,6 +134,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bandwidth", type=float, default=4300.0,
                     help="GB/s for the time estimate (default: an H200's measured copy bandwidth)")
     ap.add_argument("--step-us", type=float, default=1.6, help="cost of one dependent step in us (default 1.6)")
+    ap.add_argument("--explain", action="store_true", help="say which plan rules fired, and why")
     args = ap.parse_args(argv)
     for flag, value, low in (("--workers", args.workers, 1), ("--batch-size", args.batch_size, 1),
                              ("--max-seq-len", args.max_seq_len, 2)):
@@ -132,7 +145,7 @@ def main(argv=None) -> int:
     try:
         cfg = _config(args.model)
         print(summary(cfg, args.workers, args.strategy, args.mode, args.batch_size, args.max_seq_len,
-                      args.bandwidth, args.step_us, name=args.model))
+                      args.bandwidth, args.step_us, name=args.model, explain=args.explain))
     except TapeError as e:
         print(f"error: invalid tape: {str(e).splitlines()[0]}", file=sys.stderr)
         return 1
