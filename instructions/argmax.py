@@ -3,8 +3,8 @@
 The LM head's tiles raise ``amax[b]`` with an atomic max of their (max, first argmax) packed as one
 int64 (``common.argmax_key``), so the largest logit's first index is one word: token[b] is read
 from it (the first maximum on ties, as ``torch.argmax``) and the word is reset for the next step in
-the same atomic exchange. (It was 9496 (max, argmax) pairs per sequence at Qwen3-0.6B, 76 KB read in
-ten dependent chunks; bench/NOTES.md 39.) The token is also written to ``hist[s * B + b]`` (step s
+the same atomic exchange, rather than a reduction over every LM-head tile's (max, argmax) pair.
+The token is also written to ``hist[s * B + b]`` (step s
 of a launch of ``steps``); the last step of the launch adds ``steps`` to length[b] (attention
 reads the position as length + s, so lengths stay fixed within a launch). Writing these inside the
 step is what lets the next step start with no host work.

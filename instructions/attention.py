@@ -10,12 +10,12 @@ every other position comes from the cache, whose first block is loaded before th
 plan's ATTN_NEW, split 0 holds p alone and splits 1.. cut the cached positions [0, p) (``chunk``
 from p over NSPLIT - 1): at a short context each cached split is one block loaded before the wait,
 and the new token's norm, RoPE, append and score no longer run after a block's math in the same
-split, which had made that split its group's last to finish (H100, 0.6b: 0.734 -> 0.731 ms/token,
-bench/NOTES.md 59; ``make_plan`` sets it where the layers are short and the context too).
+split, which would make that split its group's last to finish (``make_plan`` sets it where the
+layers are short and the context too).
 Outputs per head: the unnormalised o [D], the running max m and sum l; the last split of
 (b, g) to finish combines them into ``attn`` (``reduce.py``). With one split (NSPLIT 1: a short
 max_seq_len, or a batch of more than workers / kv heads / 2 sequences) the tile writes o / l into
-``attn`` itself and takes no ticket (batch 32 at 0.6b: 2.78 -> 2.72 ms/token, bench/NOTES.md 34).
+``attn`` itself and takes no ticket: there is nothing to combine.
 
 A split is walked in blocks of BLOCK_S positions with flash-decoding block math: scores =
 q [QM, D] @ K^T [D, BLOCK_S] and o += p [QM, BLOCK_S] @ V [BLOCK_S, D] as ``tl.dot`` on the cache's
@@ -39,9 +39,8 @@ from .common import ASCEND, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, W_CACHE, sta
 from .kind import DeviceKind
 from .reduce import reduce_group, reduce_ref
 
-# KV blocks per split in the software pipeline: NSTAGE (the plan's KV_STAGES) - 1 in flight (3 x
-# 16 KB at 4 stages, BLOCK_S 32 and head_dim 128, bf16) while one is attended; each takes its K and
-# V block of shared memory.
+# KV blocks per split in the software pipeline: NSTAGE (the plan's KV_STAGES) - 1 in flight while
+# one is attended; each takes its K and V block of shared memory.
 # The block math on tensor cores. Not on Ascend: tl.dot makes a kernel cube + vector ("mix"),
 # launched on AI cores, while the persistent grid is sized for the vector cores; there the
 # products stay on the vector unit, in blocks small enough for its buffer.
@@ -255,8 +254,7 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
     W_VEC: tl.constexpr = VEC_ELEMS // (G_PAD * D_PAD) if VEC_ELEMS >= G_PAD * D_PAD else 1
     W: tl.constexpr = BLOCK_S if (DOT or W_VEC >= BLOCK_S) else W_VEC
     # Where no split can be longer than one walked block (its first, loaded before the wait), the
-    # pipelined loop never runs: no pipeline, and none of its shared memory (17 KB at 3 stages;
-    # 0.6b at max_seq_len 1024 0.751 -> 0.733 ms on the H200, bench/NOTES.md 25)
+    # pipelined loop never runs: no pipeline, so the kernel takes none of its shared memory
     SPLIT_MAX: tl.constexpr = (((S + NSPLIT - 1) // NSPLIT + BLOCK_S - 1) // BLOCK_S) * BLOCK_S
     STAGES: tl.constexpr = 1 if SPLIT_MAX <= W else NSTAGE
     dd = tl.arange(0, D_PAD)

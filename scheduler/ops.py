@@ -13,16 +13,16 @@ A stage with a *pool* (the plan's ``POOL_O``, ``POOL_GU``, ``POOL_DOWN``, ``POOL
 its last tiles) leaves those tiles to no instruction. Each of the stage's instructions, after its
 own tiles, claims pool tiles one at a time from a claims counter until the pool is empty, so the
 workers whose memory is fastest that step take more of them and the stage ends when the mean
-worker would, not the slowest (the stages' tails, bench/NOTES.md 58). The pool word is
+worker would, not the slowest (see docs/performance.md). The pool word is
 ``pool_counter | pool_claims << 16``: the claims counter (which nothing waits on or signals) and
 the claims one step makes (every instruction claims once more than it takes, so a step makes
 ``POOL + instructions`` claims and step s's claims are those from ``pool_claims * s``; no reset).
 A stage's signals still mean that all its tiles are done: an instruction signals after the pool
 tiles it took, and it stops claiming only once the pool has run out.
 
-This module is the scheduler's view of the instruction kinds and imports no Triton; the kernels
-of each kind live in ``instructions/<kind>.py`` (DESIGN.md keeps the two apart so that the
-scheduler is testable in milliseconds).
+This module is the scheduler's view of the instruction kinds (their registry is ``kinds``) and
+the tile plan; it imports no Triton, so the scheduler is testable in milliseconds. The kernels of
+each kind live in ``instructions/<module>.py``.
 """
 
 from __future__ import annotations
@@ -179,8 +179,8 @@ POOL_FIELDS = {Op[k.name]: k.pool for k in KINDS if k.pool}
 POOL_MIN_BYTES = 512 * 1024
 POOL_MIN_TILES = 4
 POOL_DIV = 5
-# Attention's new position gets a split of its own (ATTN_NEW) only where a layer's weights are
-# under this many bytes a worker (0.6b: 119 KB at 264 workers; 1.7b: 380 KB).
+# Short layers: a layer's weights under this many bytes a worker, where attention's stage is a
+# large share of the layer (0.6b at 264 workers; not 1.7b)
 ATTN_NEW_MAX_BYTES = 256 * 1024
 
 
@@ -280,7 +280,7 @@ PLAN_RULES: tuple[Rule, ...] = (
          "long layers: a fifth of each large stage claimed at run time, so it ends with the mean worker"),
     Rule("whole-budget-gateup",
          lambda x, p: short_b1_mlp(p, x.workers) and not p.BATCHED,
-         lambda x, p: dict(R_GU=x.rows(p.I, p.H) // 2),
+         lambda x, p: dict(R_GU=max(1, x.rows(p.I, p.H) // 2)),
          "the tape places gate/up by when workers get there (graph.lagged): a tile takes the whole budget"),
     Rule("new-position-split",
          lambda x, p: p.NSPLIT > 1 and _cdiv(x.S, p.NSPLIT - 1) <= p.BLOCK_S and x.short,
