@@ -19,6 +19,7 @@ from scheduler.graph import Tape, build_tape, build_stages, encode
 from scheduler.ops import COUNTER_RESET_STEPS, MAX_BK, WORKERS_PER_SM, Op, Plan, make_plan
 
 from . import device as devices
+# HOT_CHUNK, MAX_STEPS_PER_LAUNCH and hot_buffers stay importable from here (bench and tests use them)
 from .buffers import HOT_CHUNK, MAX_STEPS_PER_LAUNCH, StepBuffers, hot_buffers, kernel_args  # noqa: F401
 
 
