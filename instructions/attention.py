@@ -10,12 +10,12 @@ every other position comes from the cache, whose first block is loaded before th
 plan's ATTN_NEW, split 0 holds p alone and splits 1.. cut the cached positions [0, p) (``chunk``
 from p over NSPLIT - 1): at a short context each cached split is one block loaded before the wait,
 and the new token's norm, RoPE, append and score no longer run after a block's math in the same
-split, which had made that split its group's last to finish (H100, 0.6b: 0.734 -> 0.731 ms/token,
-bench/NOTES.md 59; ``make_plan`` sets it where the layers are short and the context too).
+split, which would make that split its group's last to finish (``make_plan`` sets it where the
+layers are short and the context too).
 Outputs per head: the unnormalised o [D], the running max m and sum l; the last split of
 (b, g) to finish combines them into ``attn`` (``reduce.py``). With one split (NSPLIT 1: a short
 max_seq_len, or a batch of more than workers / kv heads / 2 sequences) the tile writes o / l into
-``attn`` itself and takes no ticket (batch 32 at 0.6b: 2.78 -> 2.72 ms/token, bench/NOTES.md 34).
+``attn`` itself and takes no ticket: there is nothing to combine.
 
 A split is walked in blocks of BLOCK_S positions with flash-decoding block math: scores =
 q [QM, D] @ K^T [D, BLOCK_S] and o += p [QM, BLOCK_S] @ V [BLOCK_S, D] as ``tl.dot`` on the cache's
@@ -33,14 +33,14 @@ Matches ``Qwen3Attention`` (q_norm/k_norm, ``apply_rotary_pos_emb``, eager softm
 import triton
 import triton.language as tl
 
-from scheduler.ops import Op
+from scheduler.kinds import Op
 
 from .common import ASCEND, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, W_CACHE, stamp, wait_counter
+from .kind import DeviceKind
 from .reduce import reduce_group, reduce_ref
 
-# KV blocks per split in the software pipeline: NSTAGE (the plan's KV_STAGES) - 1 in flight (3 x
-# 16 KB at 4 stages, BLOCK_S 32 and head_dim 128, bf16) while one is attended; each takes its K and
-# V block of shared memory.
+# KV blocks per split in the software pipeline: NSTAGE (the plan's KV_STAGES) - 1 in flight while
+# one is attended; each takes its K and V block of shared memory.
 # The block math on tensor cores. Not on Ascend: tl.dot makes a kernel cube + vector ("mix"),
 # launched on AI cores, while the persistent grid is sized for the vector cores; there the
 # products stay on the vector unit, in blocks small enough for its buffer.
@@ -254,8 +254,7 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
     W_VEC: tl.constexpr = VEC_ELEMS // (G_PAD * D_PAD) if VEC_ELEMS >= G_PAD * D_PAD else 1
     W: tl.constexpr = BLOCK_S if (DOT or W_VEC >= BLOCK_S) else W_VEC
     # Where no split can be longer than one walked block (its first, loaded before the wait), the
-    # pipelined loop never runs: no pipeline, and none of its shared memory (17 KB at 3 stages;
-    # 0.6b at max_seq_len 1024 0.751 -> 0.733 ms on the H200, bench/NOTES.md 25)
+    # pipelined loop never runs: no pipeline, so the kernel takes none of its shared memory
     SPLIT_MAX: tl.constexpr = (((S + NSPLIT - 1) // NSPLIT + BLOCK_S - 1) // BLOCK_S) * BLOCK_S
     STAGES: tl.constexpr = 1 if SPLIT_MAX <= W else NSTAGE
     dd = tl.arange(0, D_PAD)
@@ -291,22 +290,17 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
 
 
 @triton.jit
-def attn_kernel(layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr,
-                tickets_ptr, attn_ptr, eps, B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
-                S: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr,
-                G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr, NEW: tl.constexpr):
+def attn_kernel(layer, qkv_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, lengths_ptr, k_cache_ptr, v_cache_ptr,
+                opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr,
+                HKV: tl.constexpr, S: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
+                D_PAD: tl.constexpr, G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr, KV_STAGES: tl.constexpr,
+                ATTN_NEW: tl.constexpr):
     pid = tl.program_id(0)
-    attn_tile(pid, pid + 1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, 0, kc_ptr, vc_ptr,
-              opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, lengths_ptr, 0, B, D, HQ, HKV, S, NSPLIT, BLOCK_S,
-              D_PAD, G_PAD, NSPLIT_PAD, NSTAGE, NEW, False, 0, lengths_ptr, False)
-
-
-def attention(st, p, layer):
-    attn_kernel[(p.tiles(Op.ATTN),)](
-        layer, st.qkv, st.w.q_norm, st.w.k_norm, st.inv_freq, st.lengths, st.k_cache, st.v_cache,
-        st.opart, st.ml, st.tickets, st.attn, st.eps, B=p.B, D=p.D, HQ=p.HQ, HKV=p.HKV, S=p.S, NSPLIT=p.NSPLIT,
-        BLOCK_S=p.BLOCK_S, D_PAD=p.D_PAD, G_PAD=p.G_PAD, NSPLIT_PAD=p.NSPLIT_PAD, NSTAGE=p.KV_STAGES,
-        NEW=p.ATTN_NEW, num_warps=st.num_warps)
+    attn_tile(pid, pid + 1, layer, qkv_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, lengths_ptr, step=0,
+              kc_ptr=k_cache_ptr, vc_ptr=v_cache_ptr, opart_ptr=opart_ptr, ml_ptr=ml_ptr, tickets_ptr=tickets_ptr,
+              attn_ptr=attn_ptr, eps=eps, cnt_ptr=lengths_ptr, target=0, B=B, D=D, HQ=HQ, HKV=HKV, S=S,
+              NSPLIT=NSPLIT, BLOCK_S=BLOCK_S, D_PAD=D_PAD, G_PAD=G_PAD, NSPLIT_PAD=NSPLIT_PAD, NSTAGE=KV_STAGES,
+              NEW=ATTN_NEW, WAIT=False, SPIN=0, tr=lengths_ptr, TRACE=False)
 
 
 def attention_ref(st, p, layer, t0, t1):
@@ -323,8 +317,8 @@ def attention_ref(st, p, layer, t0, t1):
         q = row[g * G * D:(g + 1) * G * D].view(G, D)
         k = row[p.HQ * D + g * D:p.HQ * D + (g + 1) * D].view(1, D)
         v = row[(p.HQ + p.HKV) * D + g * D:(p.HQ + p.HKV) * D + (g + 1) * D]
-        q = apply_rope(rmsnorm(q, st.w.q_norm[layer].float(), st.eps), cos, sin)
-        k = apply_rope(rmsnorm(k, st.w.k_norm[layer].float(), st.eps), cos, sin)[0]
+        q = apply_rope(rmsnorm(q, st.q_norm[layer].float(), st.eps), cos, sin)
+        k = apply_rope(rmsnorm(k, st.k_norm[layer].float(), st.eps), cos, sin)[0]
         if p.ATTN_NEW:    # split 0 the new position, splits 1.. the cache
             chunk = max(-(-(-(-pos // (p.NSPLIT - 1))) // p.BLOCK_S) * p.BLOCK_S, p.BLOCK_S)
             lo, hi = (pos, pos + 1) if s == 0 else ((s - 1) * chunk, min(s * chunk, pos))
@@ -351,3 +345,9 @@ def attention_ref(st, p, layer, t0, t1):
         st.tickets[b * p.HKV + g] += 1
         if int(st.tickets[b * p.HKV + g]) % p.NSPLIT == 0:
             reduce_ref(st, p, b, g, n_act)
+
+
+KINDS = (DeviceKind(Op.ATTN, attn_tile, attn_kernel, attention_ref,
+                    reads=("qkv", "q_norm", "k_norm", "inv_freq", "lengths", "k_cache", "v_cache", "opart", "ml",
+                           "tickets"),
+                    writes=("k_cache", "v_cache", "opart", "ml", "tickets", "attn")),)

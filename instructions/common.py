@@ -13,8 +13,6 @@ import os
 import triton
 import triton.language as tl
 
-from scheduler import ops
-
 # triton-ascend (it replaces Triton's package) supports only acq_rel atomics on the NPU; elsewhere
 # the weaker, cheaper orders are used: a consumer's poll acquires, a producer's signal releases.
 ASCEND = importlib.util.find_spec("triton.backends.ascend") is not None
@@ -22,9 +20,9 @@ ACQUIRE: tl.constexpr = tl.constexpr("acq_rel" if ASCEND else "acquire")
 RELEASE: tl.constexpr = tl.constexpr("acq_rel" if ASCEND else "release")
 RELAXED: tl.constexpr = tl.constexpr("acq_rel" if ASCEND else "relaxed")
 
-# Experiment, read at import (bench/NOTES.md 21): MEGAKERNEL_WEIGHTS_CG=1 loads weights (and the
-# cached KV blocks read before a wait) through L2 only, so no L1 fill is in flight when the poll's
-# acquire invalidates L1 (``CCTL.IVALL`` on NVIDIA). Off by default until measured at every size.
+# An experiment, read at import: MEGAKERNEL_WEIGHTS_CG=1 loads weights (and the cached KV blocks
+# read before a wait) through L2 only, so no L1 fill is in flight when the poll's acquire
+# invalidates L1. Off by default: not shown to pay at every size (see docs/performance.md).
 W_CACHE: tl.constexpr = tl.constexpr(".cg" if os.environ.get("MEGAKERNEL_WEIGHTS_CG") == "1" else "")
 W_EVICT: tl.constexpr = tl.constexpr("" if W_CACHE.value else "evict_first")    # an L1 policy: not with .cg
 
@@ -299,8 +297,8 @@ def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, tar
     tiles, ``scheduler/ops.py``), pool tiles claimed from ``claims_ptr`` until it runs out, each
     claim asked for a tile before it is needed. The first tile's weights (and the norm weight)
     are loaded before the wait (weights never depend on activations), each next tile's while this
-    one computes. (Loading the second tile's too before the wait measured 6-9% slower at 0.6b:
-    bench/NOTES.md 31.)"""
+    one computes. (Only the first: more weights in flight before the wait measured slower, see
+    docs/performance.md.)"""
     if BT:     # (an else, not an early return: the code after a return is still compiled)
         seen = gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
                           B, N, K, R, BK, NORM, EPI, WAIT, SPIN)
@@ -329,8 +327,7 @@ def gemv_rows_tiles(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_pt
         seen = wait_counter(cnt_ptr, target, SPIN)
     else:
         # per-op: without the wait's CTA barrier ptxas sinks the weight loads to their uses, one
-        # round trip each (bf16 inputs need no layout change through shared memory, whose barrier
-        # used to keep them together: cuda-graph's O and down kernels 217 -> 259 us a step, s18r7)
+        # round trip each; this barrier keeps them issued together
         tl.debug_barrier()
     stamp(tr, T_WAITED, seen, TRACE)
     xn0, rstd = load_xn(in_ptr, nw_ptr, nw0, eps, K, BK, NORM)

@@ -8,6 +8,10 @@ work: the token comes from the previous step's ARGMAX (or from prefill).
 import triton
 import triton.language as tl
 
+from scheduler.kinds import Op
+
+from .kind import DeviceKind
+
 
 @triton.jit
 def embed_tile(t0, t1, tokens_ptr, embed_ptr, x_ptr, H: tl.constexpr, BK: tl.constexpr):
@@ -20,15 +24,15 @@ def embed_tile(t0, t1, tokens_ptr, embed_ptr, x_ptr, H: tl.constexpr, BK: tl.con
 
 
 @triton.jit
-def embed_kernel(tokens_ptr, embed_ptr, x_ptr, H: tl.constexpr, BK: tl.constexpr):
+def embed_kernel(tokens_ptr, embed_ptr, x_ptr, H: tl.constexpr, BK_H: tl.constexpr):
     pid = tl.program_id(0)
-    embed_tile(pid, pid + 1, tokens_ptr, embed_ptr, x_ptr, H, BK)
-
-
-def embed(st, p, layer=0):
-    embed_kernel[(p.B,)](st.tokens, st.w.embed, st.x, H=p.H, BK=p.BK_H, num_warps=4)
+    embed_tile(pid, pid + 1, tokens_ptr, embed_ptr, x_ptr, H, BK_H)
 
 
 def embed_ref(st, p, layer, t0, t1):
     for b in range(t0, t1):
-        st.x[b] = st.w.embed[st.tokens[b].long()].float()
+        st.x[b] = st.embed[st.tokens[b].long()].float()
+
+
+KINDS = (DeviceKind(Op.EMBED, embed_tile, embed_kernel, embed_ref, reads=("tokens", "embed"), writes=("x",),
+                    num_warps=4),)

@@ -14,10 +14,11 @@ activations), and each next tile's first chunk while the current one computes.
 import triton
 import triton.language as tl
 
-from scheduler.ops import Op
+from scheduler.kinds import Op
 
 from .common import (ARGMAX, GATEUP, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, batch_tiles, claim,
                      dot_rows2, gemv_tile, load_nw, load_w, load_xn, next_tile, stamp, wait_counter)
+from .kind import DeviceKind
 
 
 @triton.jit
@@ -131,50 +132,42 @@ def lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_ptr, eps, cnt
                      B, V, H, R, BK, True, ARGMAX, WAIT, SPIN, BT, tr, TRACE, POOL, claims_ptr, claims_base)
 
 
-# The per-op kernels: a program per tile, so no pool (POOL 0).
+# The per-op kernels: a program per tile, no wait, no trace and no pool (POOL 0).
 @triton.jit
-def oproj_kernel(layer, attn_ptr, wo_ptr, x_ptr, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                 R: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
+def oproj_kernel(layer, attn_ptr, wo_ptr, x_ptr, B: tl.constexpr, H: tl.constexpr, HQ: tl.constexpr,
+                 D: tl.constexpr, R_O: tl.constexpr, BK_Q: tl.constexpr, BATCHED: tl.constexpr):
     pid = tl.program_id(0)
-    residual_tile(pid, pid + 1, layer, attn_ptr, wo_ptr, x_ptr, attn_ptr, 0, B, N, K, R, BK, False, 0, BT, x_ptr,
-                  False, 0, x_ptr, 0)
-
-
-@triton.jit
-def gateup_kernel(layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, B: tl.constexpr, H: tl.constexpr,
-                  I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
-    pid = tl.program_id(0)
-    gateup_tile(pid, pid + 1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, x_ptr, 0, B, H, I, R, BK,
-                False, 0, BT, x_ptr, False, 0, x_ptr, 0)
+    residual_tile(pid, pid + 1, layer, attn_ptr, wo_ptr, x_ptr, cnt_ptr=attn_ptr, target=0, B=B, N=H, K=HQ * D,
+                  R=R_O, BK=BK_Q, WAIT=False, SPIN=0, BT=BATCHED, tr=x_ptr, TRACE=False, POOL=0, claims_ptr=x_ptr,
+                  claims_base=0)
 
 
 @triton.jit
-def lmhead_kernel(x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_ptr, eps, B: tl.constexpr,
-                  H: tl.constexpr, V: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
+def down_kernel(layer, act_ptr, wdown_ptr, x_ptr, B: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
+                R_DOWN: tl.constexpr, BK_I: tl.constexpr, BATCHED: tl.constexpr):
     pid = tl.program_id(0)
-    lmhead_tile(pid, pid + 1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_ptr, eps, x_ptr, 0,
-                B, H, V, R, BK, False, 0, BT, x_ptr, False, 0, x_ptr, 0)
+    residual_tile(pid, pid + 1, layer, act_ptr, wdown_ptr, x_ptr, cnt_ptr=act_ptr, target=0, B=B, N=H, K=I,
+                  R=R_DOWN, BK=BK_I, WAIT=False, SPIN=0, BT=BATCHED, tr=x_ptr, TRACE=False, POOL=0,
+                  claims_ptr=x_ptr, claims_base=0)
 
 
-def oproj(st, p, layer):
-    oproj_kernel[(p.tiles(Op.OPROJ),)](layer, st.attn, st.w.wo, st.x, B=p.B, N=p.H, K=p.HQ * p.D, R=p.R_O,
-                                       BK=p.BK_Q, BT=p.BATCHED, num_warps=st.num_warps)
+@triton.jit
+def gateup_kernel(layer, x_ptr, wgate_up_ptr, post_norm_ptr, act_ptr, eps, B: tl.constexpr, H: tl.constexpr,
+                  I: tl.constexpr, R_GU: tl.constexpr, BK_H: tl.constexpr, BATCHED: tl.constexpr):
+    pid = tl.program_id(0)
+    gateup_tile(pid, pid + 1, layer, x_ptr, wgate_up_ptr, post_norm_ptr, act_ptr, eps, cnt_ptr=x_ptr, target=0,
+                B=B, H=H, I=I, R=R_GU, BK=BK_H, WAIT=False, SPIN=0, BT=BATCHED, tr=x_ptr, TRACE=False, POOL=0,
+                claims_ptr=x_ptr, claims_base=0)
 
 
-def gateup(st, p, layer):
-    gateup_kernel[(p.tiles(Op.GATEUP),)](layer, st.x, st.w.wgate_up, st.w.post_norm, st.act, st.eps, B=p.B,
-                                         H=p.H, I=p.I, R=p.R_GU, BK=p.BK_H, BT=p.BATCHED, num_warps=st.num_warps)
-
-
-def down(st, p, layer):
-    oproj_kernel[(p.tiles(Op.DOWN),)](layer, st.act, st.w.wdown, st.x, B=p.B, N=p.H, K=p.I, R=p.R_DOWN,
-                                      BK=p.BK_I, BT=p.BATCHED, num_warps=st.num_warps)
-
-
-def lmhead(st, p, layer=0):
-    lmhead_kernel[(p.tiles(Op.LMHEAD),)](st.x, st.w.lm_head, st.w.final_norm, st.logits, st.amax,
-                                         st.eps, B=p.B, H=p.H, V=p.V, R=p.R_LM, BK=p.BK_H, BT=p.BATCHED,
-                                         num_warps=st.num_warps)
+@triton.jit
+def lmhead_kernel(x_ptr, lm_head_ptr, final_norm_ptr, logits_ptr, amax_ptr, eps, B: tl.constexpr,
+                  H: tl.constexpr, V: tl.constexpr, R_LM: tl.constexpr, BK_H: tl.constexpr,
+                  BATCHED: tl.constexpr):
+    pid = tl.program_id(0)
+    lmhead_tile(pid, pid + 1, x_ptr, lm_head_ptr, final_norm_ptr, logits_ptr, amax_ptr, eps, cnt_ptr=x_ptr,
+                target=0, B=B, H=H, V=V, R=R_LM, BK=BK_H, WAIT=False, SPIN=0, BT=BATCHED, tr=x_ptr, TRACE=False,
+                POOL=0, claims_ptr=x_ptr, claims_base=0)
 
 
 def _rows(t0, t1, R, N):
@@ -183,7 +176,7 @@ def _rows(t0, t1, R, N):
 
 def oproj_ref(st, p, layer, t0, t1):
     r = _rows(t0, t1, p.R_O, p.H)
-    st.x[:, r] += st.attn.float() @ st.w.wo[layer, r].float().T
+    st.x[:, r] += st.attn.float() @ st.wo[layer, r].float().T
 
 
 def gateup_ref(st, p, layer, t0, t1):
@@ -191,15 +184,15 @@ def gateup_ref(st, p, layer, t0, t1):
 
     from models.qwen3.reference import rmsnorm
     r = _rows(t0, t1, p.R_GU, p.I)
-    h = rmsnorm(st.x, st.w.post_norm[layer].float(), st.eps)
-    gate = h @ st.w.wgate_up[layer, r].float().T
-    up = h @ st.w.wgate_up[layer, p.I + r.start:p.I + r.stop].float().T
+    h = rmsnorm(st.x, st.post_norm[layer].float(), st.eps)
+    gate = h @ st.wgate_up[layer, r].float().T
+    up = h @ st.wgate_up[layer, p.I + r.start:p.I + r.stop].float().T
     st.act[:, r] = F.silu(gate) * up
 
 
 def down_ref(st, p, layer, t0, t1):
     r = _rows(t0, t1, p.R_DOWN, p.H)
-    st.x[:, r] += st.act.float() @ st.w.wdown[layer, r].float().T
+    st.x[:, r] += st.act.float() @ st.wdown[layer, r].float().T
 
 
 def lmhead_ref(st, p, layer, t0, t1):
@@ -208,10 +201,20 @@ def lmhead_ref(st, p, layer, t0, t1):
     from models.qwen3.reference import rmsnorm
 
     from .common import argmax_key_ref
-    h = rmsnorm(st.x, st.w.final_norm.float(), st.eps)
+    h = rmsnorm(st.x, st.final_norm.float(), st.eps)
     for t in range(t0, t1):
         r = _rows(t, t + 1, p.R_LM, p.V)
-        lg = h @ st.w.lm_head[r].float().T
+        lg = h @ st.lm_head[r].float().T
         st.logits[:, r] = lg
         best, idx = lg.max(dim=1)     # the first maximum
         st.amax.copy_(torch.maximum(st.amax, argmax_key_ref(best, idx + r.start)))
+
+
+KINDS = (
+    DeviceKind(Op.OPROJ, residual_tile, oproj_kernel, oproj_ref, reads=("attn", "wo", "x"), writes=("x",)),
+    DeviceKind(Op.GATEUP, gateup_tile, gateup_kernel, gateup_ref, reads=("x", "wgate_up", "post_norm"),
+               writes=("act",)),
+    DeviceKind(Op.DOWN, residual_tile, down_kernel, down_ref, reads=("act", "wdown", "x"), writes=("x",)),
+    DeviceKind(Op.LMHEAD, lmhead_tile, lmhead_kernel, lmhead_ref, reads=("x", "lm_head", "final_norm", "amax"),
+               writes=("logits", "amax")),
+)

@@ -10,9 +10,10 @@ summed in fp32; q/k norm and RoPE happen in ATTN). Reads R*H*2 bytes of weights 
 import triton
 import triton.language as tl
 
-from scheduler.ops import Op
+from scheduler.kinds import Op
 
 from .common import STORE, gemv_tile
+from .kind import DeviceKind
 
 
 @triton.jit
@@ -25,21 +26,20 @@ def qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, cnt_ptr, 
 
 
 @triton.jit
-def qkv_kernel(layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, B: tl.constexpr, H: tl.constexpr,
-               N: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
+def qkv_kernel(layer, x_ptr, wqkv_ptr, input_norm_ptr, qkv_ptr, eps, B: tl.constexpr, H: tl.constexpr,
+               HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, R_QKV: tl.constexpr, BK_H: tl.constexpr,
+               BATCHED: tl.constexpr):
     pid = tl.program_id(0)
-    qkv_tile(pid, pid + 1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, x_ptr, 0,
-             B, H, N, R, BK, False, 0, BT, x_ptr, False)
-
-
-def qkv(st, p, layer):
-    qkv_kernel[(p.tiles(Op.QKV),)](layer, st.x, st.w.wqkv, st.w.input_norm, st.qkv, st.eps,
-                               B=p.B, H=p.H, N=p.QKV_ROWS, R=p.R_QKV, BK=p.BK_H, BT=p.BATCHED,
-                               num_warps=st.num_warps)
+    qkv_tile(pid, pid + 1, layer, x_ptr, wqkv_ptr, input_norm_ptr, qkv_ptr, eps, cnt_ptr=x_ptr, target=0,
+             B=B, H=H, N=(HQ + 2 * HKV) * D, R=R_QKV, BK=BK_H, WAIT=False, SPIN=0, BT=BATCHED, tr=x_ptr,
+             TRACE=False)
 
 
 def qkv_ref(st, p, layer, t0, t1):
     from models.qwen3.reference import rmsnorm
     rows = slice(t0 * p.R_QKV, min(t1 * p.R_QKV, p.QKV_ROWS))
-    h = rmsnorm(st.x, st.w.input_norm[layer].float(), st.eps)
-    st.qkv[:, rows] = h @ st.w.wqkv[layer, rows].float().T
+    h = rmsnorm(st.x, st.input_norm[layer].float(), st.eps)
+    st.qkv[:, rows] = h @ st.wqkv[layer, rows].float().T
+
+
+KINDS = (DeviceKind(Op.QKV, qkv_tile, qkv_kernel, qkv_ref, reads=("x", "wqkv", "input_norm"), writes=("qkv",)),)

@@ -10,101 +10,32 @@ All four run the same tile functions (``instructions/``) over the same scratch b
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import dataclass
 
 import torch
 
-from instructions import argmax as k_argmax
-from instructions import attention as k_attention
 from instructions import common as k_common
-from instructions import embed as k_embed
-from instructions import matvec as k_matvec
-from instructions import qkv as k_qkv
-from scheduler.graph import Tape, build_tape, encode
-from scheduler.ops import MAX_BK, Op, Plan, make_plan
+from instructions.registry import DEVICE_KINDS
+from scheduler.graph import Tape, build_tape, build_stages, encode
+from scheduler.ops import COUNTER_RESET_STEPS, MAX_BK, WORKERS_PER_SM, Op, Plan, make_plan
 
 from . import device as devices
-
-# The most decode steps one launch of the persistent kernel runs (``PersistentBackend.decode``),
-# the size of the per-step token buffer, and what greedy ``generate()`` and the bench run; at most
-# this many steps past a stop token are computed and dropped (0.6b batch 1 on an H100: 0.778 ms a
-# token at one step per launch, 0.768 at 16, 0.763 at 64; bench/NOTES.md 37).
-MAX_STEPS_PER_LAUNCH = 64
-
-
-# The buffers every worker polls or reads after a poll share one allocation laid out for the
-# H100's (and H200's) L2, whose two halves alternate in 4 KB chunks (bit 12 XOR bit 13 of the address:
-# bench/probes/l2_partition.py): each starts at a chunk 1 (mod 4), so one of at most 8 KB lies in one half,
-# the same for all. 0.6b batch 1 (bench/NOTES.md 53): x across both halves cost the step 1.7% (an
-# allocator's 4 KB block does that about half the time), the counters in x's other half 0.4%,
-# attn (the O projection's input) outside their half 0.45%; 1.7b gained 0.5% from x in one half,
-# 8b (x 16 KB) was the same anywhere; the H200's 0.6b step 0.4% faster than before the layout.
-# act and qkv (bf16: 6 and 8 KB at 0.6b) follow them.
-HOT_CHUNK, HOT_ALIGN = 4096, 65536
-
-
-def hot_buffers(shapes, dtypes, device) -> list[torch.Tensor]:
-    """Zeroed tensors of ``shapes`` and ``dtypes`` in one allocation, laid out as above."""
-    sizes = [math.prod(sh) * dt.itemsize for sh, dt in zip(shapes, dtypes)]
-    starts, at = [], HOT_CHUNK
-    for n in sizes:
-        starts.append(at)
-        at += -(-max(n, 1) // (4 * HOT_CHUNK)) * 4 * HOT_CHUNK     # the next chunk 1 (mod 4) past it
-    raw = torch.zeros(at + HOT_ALIGN, dtype=torch.uint8, device=device)
-    base = -raw.data_ptr() % HOT_ALIGN
-    return [raw[base + a: base + a + n].view(dt).view(sh) for a, n, sh, dt in zip(starts, sizes, shapes, dtypes)]
+# HOT_CHUNK, MAX_STEPS_PER_LAUNCH and hot_buffers stay importable from here (bench and tests use them)
+from .buffers import HOT_CHUNK, MAX_STEPS_PER_LAUNCH, StepBuffers, hot_buffers, kernel_args  # noqa: F401
 
 
 class MegakernelError(RuntimeError):
     """A persistent kernel stopped on a wait that timed out; the message names the instruction."""
 
 
-@dataclass
-class StepState:
-    """Everything a decode step reads and writes, on the device (names match the kernels' args)."""
-    w: object                 # Qwen3Weights
-    tokens: torch.Tensor      # [B] int32
-    lengths: torch.Tensor     # [B] int32
-    k_cache: torch.Tensor     # [L, B, Hkv, S, D]
-    v_cache: torch.Tensor
-    logits: torch.Tensor      # [B, V] fp32
-    x: torch.Tensor           # [B, H] fp32 residual stream
-    qkv: torch.Tensor         # [B, (Hq + 2 Hkv) D] in the weights' dtype (qkv, attn, act: see ``allocate``)
-    opart: torch.Tensor       # [B Hq NSPLIT, D] fp32
-    ml: torch.Tensor          # [B Hq NSPLIT, 2] fp32
-    tickets: torch.Tensor     # [B Hkv] int32: attention splits finished (only grows)
-    attn: torch.Tensor        # [B, Hq D]
-    act: torch.Tensor         # [B, I]
-    amax: torch.Tensor        # [B] int64: the LM head's packed argmax (common.argmax_key), KEY_EMPTY between steps
-    inv_freq: torch.Tensor    # [D / 2] fp32, exactly as HF computes it
-    hist: torch.Tensor        # [MAX_STEPS_PER_LAUNCH, B] int32: each step's token in a launch of several
-    eps: float
-    rope_theta: float
-    num_warps: int = 4
-    sync: torch.Tensor | None = None   # int32 counters of a persistent kernel's waits (``hot_buffers``)
+def model_state(mk) -> dict[str, torch.Tensor]:
+    """The runtime's tensors a step advances (``buffers.SPEC``'s state role), by buffer name."""
+    return dict(tokens=mk.tokens, lengths=mk.cache.lengths, k_cache=mk.cache.k, v_cache=mk.cache.v,
+                logits=mk.logits)
 
-    @staticmethod
-    def allocate(mk, plan: Plan, num_warps: int = 4, sync_words: int = 0) -> "StepState":
-        cfg, dev, p = mk.config, mk.weights.device, plan
-        f32 = dict(dtype=torch.float32, device=dev)
-        # qkv, attn and act are kept in the weights' dtype, as transformers keeps them (bf16 on the GPU:
-        # half the bytes every consumer tile reads, bench/NOTES.md 54); x and all arithmetic stay float32
-        adt = mk.weights.dtype
-        x, attn, sync, act, qkv = hot_buffers(
-            [(p.B, p.H), (p.B, p.HQ * cfg.head_dim), (sync_words,), (p.B, p.I), (p.B, p.QKV_ROWS)],
-            [torch.float32, adt, torch.int32, adt, adt], dev)
-        D = cfg.head_dim
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
-        return StepState(
-            w=mk.weights, tokens=mk.tokens, lengths=mk.cache.lengths, k_cache=mk.cache.k, v_cache=mk.cache.v,
-            logits=mk.logits, x=x, qkv=qkv,
-            opart=torch.zeros(p.B * p.HQ * p.NSPLIT, D, **f32), ml=torch.zeros(p.B * p.HQ * p.NSPLIT, 2, **f32),
-            tickets=torch.zeros(p.B * p.HKV, dtype=torch.int32, device=dev),
-            attn=attn, act=act,
-            amax=torch.full((p.B,), k_common.KEY_EMPTY.value, dtype=torch.int64, device=dev),
-            inv_freq=inv_freq.to(dev), hist=torch.zeros(MAX_STEPS_PER_LAUNCH, p.B, dtype=torch.int32, device=dev),
-            eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, num_warps=num_warps, sync=sync)
+
+def step_buffers(mk, plan: Plan, num_warps: int = 4, **control) -> StepBuffers:
+    """The buffers of a step of ``mk`` (a ``MegaQwen3``) under ``plan``."""
+    return StepBuffers.allocate(plan, mk.config, mk.weights, model_state(mk), num_warps, **control)
 
 
 def default_workers(device: torch.device) -> int:
@@ -143,7 +74,7 @@ class PersistentBackend:
 
     def __init__(self, mk, mode: str = "megakernel", num_workers: int | None = None,
                  strategy: str = "balanced", spin: int | None = None, num_warps: int = 4, trace: int = 0,
-                 workers_per_sm: int = 2, max_bk: int = MAX_BK, plan_overrides: dict | None = None,
+                 workers_per_sm: int = WORKERS_PER_SM, max_bk: int = MAX_BK, plan_overrides: dict | None = None,
                  prefetch_tape: bool | None = None):
         _check_kernel_device(mk, mode)
         # triton-ascend cannot lower the vector tape fetch (tests/npu_lowering.py): scalar there
@@ -179,36 +110,29 @@ class PersistentBackend:
             self.sm_pairs = 0
 
     def _build(self, workers: int):
-        from .kernel import MAX_SMS
         mk, dev = self.mk, self.mk.weights.device
         self.tape: Tape = build_tape(tile_plan(mk, workers, self.max_bk, self.plan_overrides, self.num_warps),
                                      workers, strategy=self.strategy, mode=self.mode)
         self.plan = self.tape.plan      # a superkernel tape's is without pools
-        words, lengths = encode(self.tape)
-        self.words, self.lengths = words.to(dev), lengths.to(dev)
-        self.st = StepState.allocate(mk, self.plan, self.num_warps, sync_words=self.tape.num_counters)
-        self.counters = self.st.sync
+        self.st = st = step_buffers(mk, self.plan, self.num_warps, workers=workers, tape=encode(self.tape),
+                                    counters=self.tape.num_counters, trace=bool(self.trace))
+        # the backend's own names for the control buffers (tests and the trace read them)
+        self.words, self.counters, self.epoch, self.err, self.pairs = st.tape, st.counters, st.epoch, st.err, st.pairs
+        self.trace_buf = st.trace
         # the counter the step boundary waits on (several steps per launch): ARGMAX's, raised
         # argmax_n times a step; none in superkernel mode, which runs one step per launch
         argmaxes = [ins for _, _, ins in self.tape.instructions() if ins.op == Op.ARGMAX and ins.signal_counter > 0]
         self.argmax_c, self.argmax_n = (argmaxes[0].signal_counter, len(argmaxes)) if argmaxes else (0, 0)
-        self.epoch = torch.zeros(workers, dtype=torch.int32, device=dev)
-        self.trace_buf = torch.zeros(workers * words.shape[1] * TRACE_SLOTS if self.trace else 1, dtype=torch.int64,
-                                     device=dev)
-        # err[0]: a wait timed out; err[1 + 4w : 5 + 4w]: worker w's (position + 1, counter, target, seen)
-        self.err = torch.zeros(1 + 4 * workers, dtype=torch.int32, device=dev)
         # a tape that assumes rows w and w + workers / 2 share an SM gets it where the workers are
         # exactly two a SM (``kernel._paired_row``): SM_PAIRS = workers / 2, else 0 (the driver's)
         self.sm_pairs = workers // 2 if (dev.type == "cuda" and self.tape.sm_mates and workers == 2 * self.sms) else 0
-        self.pairs = torch.zeros(1 + 2 * MAX_SMS.value + workers, dtype=torch.int32, device=dev)
         self._err_host = torch.zeros_like(self.err, device="cpu", pin_memory=dev.type == "cuda")
 
     def resident_per_sm(self) -> int:
         """Programs of the compiled kernel that fit on one SM at once (registers, shared memory,
         threads): the grid must not exceed SMs times this, or workers would wait on programs that
         never start."""
-        args, kwargs = self._args()
-        k = self.kernel.warmup(*args, grid=(self.tape.num_workers,), **kwargs)
+        k = self.kernel.warmup(grid=(self.tape.num_workers,), **self.launch_args())
         k._init_handles()     # loads the binary; n_regs and n_spills are read from it
         props = torch.cuda.get_device_properties(self.mk.weights.device)
         threads = 32 * self.num_warps
@@ -229,21 +153,16 @@ class PersistentBackend:
         self.st.tickets.zero_()
         self.pairs.zero_()
 
-    def _args(self, steps: int = 1):
-        p, st = self.plan, self.st
-        w = st.w
-        kwargs = dict(p.constexprs())
-        kwargs.update(SPIN=self.spin, TRACE=self.trace, PREFETCH_TAPE=self.prefetch_tape,
-                      SM_PAIRS=self.sm_pairs, num_warps=self.num_warps)
-        if st.x.device.type == "cuda":
+    def launch_args(self, steps: int = 1) -> dict:
+        """The persistent kernel's keyword arguments for a launch of ``steps`` steps (``kernel_args``)."""
+        consts = dict(self.plan.constexprs(), SPIN=self.spin, TRACE=self.trace, PREFETCH_TAPE=self.prefetch_tape,
+                      SM_PAIRS=self.sm_pairs)
+        kwargs = kernel_args(self.kernel, self.st, consts, max_len=self.words.shape[1], steps=steps,
+                             argmax_c=self.argmax_c, argmax_n=self.argmax_n)
+        kwargs["num_warps"] = self.num_warps
+        if self.st.x.device.type == "cuda":
             kwargs["launch_cooperative_grid"] = True   # the driver refuses a grid that is not co-resident
-        args = (self.words, self.lengths, self.counters, self.epoch, self.err, self.trace_buf,
-                st.tokens, st.lengths, st.x, st.qkv, st.opart, st.ml, st.tickets, st.attn, st.act, st.logits,
-                st.amax, st.inv_freq, self.pairs,
-                w.embed, w.lm_head, w.final_norm, w.input_norm, w.post_norm, w.q_norm, w.k_norm,
-                w.wqkv, w.wo, w.wgate_up, w.wdown, st.k_cache, st.v_cache, st.eps, self.words.shape[1],
-                st.hist, steps, self.argmax_c, self.argmax_n)
-        return args, kwargs
+        return kwargs
 
     @property
     def max_steps_per_launch(self) -> int:
@@ -252,15 +171,14 @@ class PersistentBackend:
         return MAX_STEPS_PER_LAUNCH if self.argmax_n else 1
 
     def launch(self, steps: int = 1):
-        args, kwargs = self._args(steps)
-        self.kernel[(self.tape.num_workers,)](*args, **kwargs)
+        self.kernel[(self.tape.num_workers,)](**self.launch_args(steps))
 
     def decode(self, steps: int = 1):
         """``steps`` greedy decode steps in one launch; step s's token lands in ``st.hist[s]``."""
         if not 1 <= steps <= self.max_steps_per_launch:
             raise ValueError(f"{self.mode} runs 1 to {self.max_steps_per_launch} steps per launch, not {steps}")
         # counters are int32: start again from zero well before they could overflow
-        if self.steps - self._reset_at >= 65536:
+        if self.steps - self._reset_at >= COUNTER_RESET_STEPS:
             self.reset_counters()
         self.launch(steps)
         self.steps += steps
@@ -354,21 +272,24 @@ class PersistentBackend:
         return out
 
 
-def per_op_launches(st: StepState, plan: Plan):
-    """The step as standalone launches, in dependency order: (name, fn, layer)."""
-    seq = [("embed", k_embed.embed, 0)]
-    for l in range(plan.L):
-        seq += [("qkv", k_qkv.qkv, l), ("attention", k_attention.attention, l), ("oproj", k_matvec.oproj, l),
-                ("gateup", k_matvec.gateup, l), ("down", k_matvec.down, l)]
-    seq += [("lmhead", k_matvec.lmhead, 0), ("argmax", k_argmax.argmax, 0)]
-    return seq
+def per_op_launches(st: StepBuffers, plan: Plan) -> list[tuple]:
+    """The step as standalone launches in stage order: (kernel, grid, keyword arguments), each kind's
+    per-op kernel over all its tiles (``instructions.registry``)."""
+    launches = []
+    consts = plan.constexprs()
+    for stage in build_stages(plan):
+        kind = DEVICE_KINDS[stage.op]
+        kwargs = kernel_args(kind.kernel, st, consts, layer=stage.layer)
+        kwargs["num_warps"] = kind.num_warps or st.num_warps
+        launches.append((kind.kernel, (plan.tiles(stage.op),), kwargs))
+    return launches
 
 
 class PerOpBackend:
     """Each instruction kind launched as its own kernel over all its tiles."""
 
     def __init__(self, mk, num_workers: int | None = None, num_warps: int = 4, graph: bool = False,
-                 workers_per_sm: int = 2, max_bk: int = MAX_BK, plan_overrides: dict | None = None, **_):
+                 workers_per_sm: int = WORKERS_PER_SM, max_bk: int = MAX_BK, plan_overrides: dict | None = None, **_):
         _check_kernel_device(mk, "cuda-graph" if graph else "per-op")
         dev = mk.weights.device
         if graph and dev.type != "cuda":
@@ -377,14 +298,14 @@ class PerOpBackend:
         # the same tile sizes as the megakernel would use, so the numbers agree bit for bit
         workers = num_workers or default_workers(dev) * (workers_per_sm if dev.type == "cuda" else 1)
         self.plan = tile_plan(mk, workers, max_bk, plan_overrides, num_warps)
-        self.st = StepState.allocate(mk, self.plan, num_warps)
+        self.st = step_buffers(mk, self.plan, num_warps)
         self.seq = per_op_launches(self.st, self.plan)
         self.graph = None
         self.use_graph = graph
 
     def launch(self):
-        for _, fn, layer in self.seq:
-            fn(self.st, self.plan, layer)
+        for fn, grid, kwargs in self.seq:
+            fn[grid](**kwargs)
 
     def decode(self):
         if not self.use_graph:
@@ -396,7 +317,8 @@ class PerOpBackend:
 
     def _capture(self):
         # capture must not change the state: run on copies of what a step mutates, then restore
-        saved = [t.clone() for t in (self.st.tokens, self.st.lengths, self.mk.cache.k, self.mk.cache.v)]
+        mutated = (self.st.tokens, self.st.lengths, self.st.k_cache, self.st.v_cache)
+        saved = [t.clone() for t in mutated]
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
@@ -405,7 +327,7 @@ class PerOpBackend:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             self.launch()
-        for t, v in zip((self.st.tokens, self.st.lengths, self.mk.cache.k, self.mk.cache.v), saved):
+        for t, v in zip(mutated, saved):
             t.copy_(v)
         self.graph = g
 

@@ -18,18 +18,6 @@ import subprocess
 import sys
 
 
-class _Recorder:
-    """Stands in for a JITFunction: records the arguments of ``kernel[grid](*args, **kwargs)``."""
-
-    def __init__(self, fn, calls):
-        self.fn, self.calls = fn, calls
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.calls.append((self.fn, args, kwargs))
-        return launch
-
-
 def _type(v) -> str:
     import torch
     if isinstance(v, torch.Tensor):
@@ -55,44 +43,22 @@ def _aligned(v) -> bool:
 
 
 def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int, dtype, **options):
-    """(kernel, args, kwargs) of one step of every kernel backend, on meta tensors."""
-    import torch
-
-    import instructions
-    from megakernel import backends, kernel
-    from models.qwen3.reference import KVCache
+    """(kernel, keyword arguments) of one step of every kernel backend, on meta tensors."""
+    from megakernel import backends
+    from megakernel.model import Qwen3Model
+    from megakernel.runtime import MegaQwen3
     from models.qwen3.weights import Qwen3Weights, shapes_for
 
     cfg = shapes_for(model_name)
-
-    class FakeMK:    # what the backends read from MegaQwen3
-        pass
-    mk = FakeMK()
-    mk.config, mk.batch_size, mk.max_seq_len = cfg, batch, max_seq_len
-    mk.weights = Qwen3Weights.empty(cfg, dtype, "meta")
-    mk.cache = KVCache.allocate(cfg, batch, max_seq_len, dtype, "meta")
-    mk.tokens = torch.zeros(batch, dtype=torch.int32, device="meta")
-    mk.logits = torch.zeros(batch, cfg.vocab_size, dtype=torch.float32, device="meta")
+    model = Qwen3Model(model_name, cfg, Qwen3Weights.empty(cfg, dtype, "meta"), None, None)
+    mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=batch, backend="reference")
     calls = []
-    patched = []
-    for mod_name in ("argmax", "attention", "embed", "matvec", "qkv"):
-        mod = getattr(__import__(f"instructions.{mod_name}"), mod_name)
-        for name in dir(mod):
-            if name.endswith("_kernel"):
-                patched.append((mod, name, getattr(mod, name)))
-                setattr(mod, name, _Recorder(getattr(mod, name), calls))
-    try:
-        for mode in ("megakernel", "superkernel"):
-            be = backends.PersistentBackend(mk, mode=mode, num_workers=workers, **options)
-            if be.tape.sm_mates and workers % 2 == 0:
-                be.sm_pairs = workers // 2      # as a GPU of workers / 2 SMs runs it (kernel._paired_row)
-            be.kernel = _Recorder(kernel.megakernel, calls)
-            be.launch()
-        backends.PerOpBackend(mk, num_workers=workers, **options).launch()
-    finally:
-        for mod, name, fn in patched:
-            setattr(mod, name, fn)
-    del instructions
+    for mode in ("megakernel", "superkernel"):
+        be = backends.PersistentBackend(mk, mode=mode, num_workers=workers, **options)
+        if be.tape.sm_mates and workers % 2 == 0:
+            be.sm_pairs = workers // 2      # as a GPU of workers / 2 SMs runs it (kernel._paired_row)
+        calls.append((be.kernel, be.launch_args()))
+    calls += [(fn, kwargs) for fn, _, kwargs in backends.PerOpBackend(mk, num_workers=workers, **options).seq]
     return calls
 
 
@@ -103,17 +69,19 @@ def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from megakernel.buffers import kernel_params
+
     target = GPUTarget("cuda", arch, 32)
     seen, report = set(), []
-    for fn, args, kwargs in record_launches(model_name, workers, batch, max_seq_len, getattr(torch, dtype_name),
-                                            **options):
+    for fn, kwargs in record_launches(model_name, workers, batch, max_seq_len, getattr(torch, dtype_name),
+                                      **options):
         opts = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
-        consts = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "launch_cooperative_grid")}
-        names = fn.arg_names
+        params = kernel_params(fn)
+        consts = {name: kwargs[name] for name, const in params if const}
         sig, attrs = {}, {}
-        for i, name in enumerate(names):
-            sig[name] = "constexpr" if name in consts else _type(args[i])
-            if name not in consts and _aligned(args[i]):
+        for i, (name, const) in enumerate(params):
+            sig[name] = "constexpr" if const else _type(kwargs[name])
+            if not const and _aligned(kwargs[name]):
                 attrs[(i,)] = [["tt.divisibility", 16]]
         key = (fn.__name__, json.dumps(sig, sort_keys=True), json.dumps({k: str(v) for k, v in consts.items()},
                                                                           sort_keys=True), str(opts))

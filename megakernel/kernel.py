@@ -33,14 +33,23 @@ counter after their own; the claims of step s are those past ``pool_claims * epo
 import triton
 import triton.language as tl
 
-from instructions.argmax import argmax_tile
-from instructions.attention import attn_tile
 from instructions.common import RELAXED, RELEASE, T_SM, TRACE_SLOTS, sm_id, wait_counter
-from instructions.embed import embed_tile
-from instructions.matvec import gateup_tile, lmhead_tile, residual_tile
-from instructions.qkv import qkv_tile
+from instructions.registry import DEVICE_KINDS
 from scheduler.ops import POOL_SHIFT as TAPE_POOL_SHIFT, WORDS as TAPE_WORDS, Op
 
+from .buffers import MAX_SMS as BUF_MAX_SMS
+
+# The dispatch chain in ``megakernel`` names each kind's opcode and tile function (Triton needs
+# them as globals); both come from the registry, and tests/test_registry.py checks that the chain
+# covers exactly its kinds.
+embed_tile = DEVICE_KINDS[Op.EMBED].tile
+qkv_tile = DEVICE_KINDS[Op.QKV].tile
+attn_tile = DEVICE_KINDS[Op.ATTN].tile
+oproj_tile = DEVICE_KINDS[Op.OPROJ].tile
+gateup_tile = DEVICE_KINDS[Op.GATEUP].tile
+down_tile = DEVICE_KINDS[Op.DOWN].tile
+lmhead_tile = DEVICE_KINDS[Op.LMHEAD].tile
+argmax_tile = DEVICE_KINDS[Op.ARGMAX].tile
 OP_EMBED: tl.constexpr = tl.constexpr(int(Op.EMBED))
 OP_QKV: tl.constexpr = tl.constexpr(int(Op.QKV))
 OP_ATTN: tl.constexpr = tl.constexpr(int(Op.ATTN))
@@ -53,7 +62,7 @@ OP_BARRIER: tl.constexpr = tl.constexpr(int(Op.BARRIER))
 WORDS: tl.constexpr = tl.constexpr(TAPE_WORDS)
 POOL_SHIFT: tl.constexpr = tl.constexpr(TAPE_POOL_SHIFT)
 POOL_MASK: tl.constexpr = tl.constexpr((1 << TAPE_POOL_SHIFT) - 1)
-MAX_SMS: tl.constexpr = tl.constexpr(1024)     # SM ids (``%smid``) below this (``_paired_row``)
+MAX_SMS: tl.constexpr = tl.constexpr(BUF_MAX_SMS)     # SM ids (``%smid``) below this (``_paired_row``)
 GEN: tl.constexpr = tl.constexpr(4096)         # a published rank: launch * GEN + rank
 
 
@@ -107,8 +116,9 @@ def _paired_row(pid, pairs_ptr, err_ptr, NSM: tl.constexpr, SPIN: tl.constexpr):
 def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_ptr,
                tokens_ptr, lengths_ptr, x_ptr, qkv_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, act_ptr, logits_ptr,
                amax_ptr, inv_freq_ptr, pairs_ptr,
-               embed_ptr, lm_ptr, fnorm_ptr, innorm_ptr, postnorm_ptr, qn_ptr, kn_ptr,
-               wqkv_ptr, wo_ptr, wgu_ptr, wdown_ptr, kc_ptr, vc_ptr, eps, max_len, hist_ptr, steps, argmax_c, argmax_n,
+               embed_ptr, lm_head_ptr, final_norm_ptr, input_norm_ptr, post_norm_ptr, q_norm_ptr, k_norm_ptr,
+               wqkv_ptr, wo_ptr, wgate_up_ptr, wdown_ptr, k_cache_ptr, v_cache_ptr, eps, max_len, hist_ptr, steps,
+               argmax_c, argmax_n,
                B: tl.constexpr, H: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                I: tl.constexpr, V: tl.constexpr, L: tl.constexpr, S: tl.constexpr,
                R_QKV: tl.constexpr, R_O: tl.constexpr, R_GU: tl.constexpr, R_DOWN: tl.constexpr,
@@ -171,23 +181,24 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                 tl.store(tr + T_SM, sm_id().to(tl.int64))
             seen = target
             if op == OP_QKV:
-                seen = qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, innorm_ptr, qkv_ptr, eps, cnt, target,
+                seen = qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, input_norm_ptr, qkv_ptr, eps, cnt, target,
                                 B, H, QKV_N, R_QKV, BK_H, True, SPIN, BATCHED, tr, TRACE)
             elif op == OP_ATTN:
-                seen = attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, s, kc_ptr, vc_ptr,
-                                 opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt, target, B, D, HQ, HKV, S, NSPLIT,
-                                 BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, ATTN_NEW, True, SPIN, tr, TRACE)
+                seen = attn_tile(t0, t1, layer, qkv_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, lengths_ptr, s,
+                                 k_cache_ptr, v_cache_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt, target,
+                                 B, D, HQ, HKV, S, NSPLIT, BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, ATTN_NEW,
+                                 True, SPIN, tr, TRACE)
             elif op == OP_OPROJ:
-                seen = residual_tile(t0, t1, layer, attn_ptr, wo_ptr, x_ptr, cnt, target, B, H, HQ * D, R_O,
-                                     BK_Q, True, SPIN, BATCHED, tr, TRACE, POOL_O, claims, claims_base)
+                seen = oproj_tile(t0, t1, layer, attn_ptr, wo_ptr, x_ptr, cnt, target, B, H, HQ * D, R_O,
+                                  BK_Q, True, SPIN, BATCHED, tr, TRACE, POOL_O, claims, claims_base)
             elif op == OP_GATEUP:
-                seen = gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, postnorm_ptr, act_ptr, eps, cnt, target,
+                seen = gateup_tile(t0, t1, layer, x_ptr, wgate_up_ptr, post_norm_ptr, act_ptr, eps, cnt, target,
                                    B, H, I, R_GU, BK_H, True, SPIN, BATCHED, tr, TRACE, POOL_GU, claims, claims_base)
             elif op == OP_DOWN:
-                seen = residual_tile(t0, t1, layer, act_ptr, wdown_ptr, x_ptr, cnt, target, B, H, I, R_DOWN,
-                                     BK_I, True, SPIN, BATCHED, tr, TRACE, POOL_DOWN, claims, claims_base)
+                seen = down_tile(t0, t1, layer, act_ptr, wdown_ptr, x_ptr, cnt, target, B, H, I, R_DOWN,
+                                 BK_I, True, SPIN, BATCHED, tr, TRACE, POOL_DOWN, claims, claims_base)
             elif op == OP_LMHEAD:
-                seen = lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_ptr, eps,
+                seen = lmhead_tile(t0, t1, x_ptr, lm_head_ptr, final_norm_ptr, logits_ptr, amax_ptr, eps,
                                    cnt, target, B, H, V, R_LM, BK_H, True, SPIN, BATCHED, tr, TRACE,
                                    POOL_LM, claims, claims_base)
             elif op == OP_ARGMAX:

@@ -47,7 +47,7 @@ def _make_backend(name: str, mk: "MegaQwen3", **options):
     if name == "reference":
         return ReferenceBackend(mk)
     if name == "vm":
-        return _import_backend(name, "scheduler.vm", "VMBackend")(mk, **options)
+        return _import_backend(name, "megakernel.vm", "VMBackend")(mk, **options)
     if name in ("megakernel", "superkernel", "per-op", "cuda-graph"):
         return _import_backend(name, "megakernel.backends", "make_kernel_backend")(name, mk, **options)
     raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")

@@ -1,9 +1,10 @@
 """python -m megakernel.tape: what the instruction tape of a model looks like, without weights.
 
 Prints instructions per kind and per worker (count, bytes read, estimated time), the critical
-path in dependent steps (the longest chain of counter waits; each costs a cross-worker round trip
-of 1.5-1.8 us on an H200, docs/design.md, "Dependent steps"), the balance of bytes across workers, and
-validates the tape. Needs only the model's shapes: a size alias (its published config), a Hugging
+path in dependent steps (the longest chain of counter waits; each costs a cross-worker round trip,
+see docs/performance.md), the balance of bytes across workers, and validates the tape. With
+``--explain``, which of the plan's rules (``scheduler.ops.PLAN_RULES``) fired and why. Needs only
+the model's shapes: a size alias (its published config), a Hugging
 Face repo id of one, or a checkpoint folder with a config.json.
 """
 
@@ -14,13 +15,18 @@ from collections import defaultdict
 
 from models.qwen3.weights import shapes_for
 from scheduler.graph import MODES, STRATEGIES, build_tape
-from scheduler.ops import Op, cost, make_plan
+from scheduler.ops import WORKERS_PER_SM, Op, cost, plan_and_rules
 from scheduler.validate import TapeError, dependent_steps, validate
 
 
+# what the runtime runs on an H100 by default: WORKERS_PER_SM programs on each of its 132 SMs
+H100_SMS = 132
+RUNTIME_WORKERS = WORKERS_PER_SM * H100_SMS
+
+
 def summary(cfg: Qwen3Config, workers: int, strategy: str, mode: str, batch_size: int, max_seq_len: int,
-            bandwidth_gbs: float, step_us: float, name: str = "") -> str:
-    plan = make_plan(cfg, batch_size, max_seq_len, workers)
+            bandwidth_gbs: float, step_us: float, name: str = "", explain: bool = False) -> str:
+    plan, fired = plan_and_rules(cfg, batch_size, max_seq_len, workers)
     tape = build_tape(plan, workers, strategy=strategy, mode=mode)
     validate(tape)
     deps = dependent_steps(tape)
@@ -28,6 +34,10 @@ def summary(cfg: Qwen3Config, workers: int, strategy: str, mode: str, batch_size
     out = [f"tape: {name or 'model'}  mode {mode}  strategy {strategy}  workers {workers}  "
            f"batch {batch_size}  max_seq_len {max_seq_len}",
            "plan: " + " ".join(f"{k}={v}" for k, v in plan.constexprs().items())]
+    if explain:
+        out.append("plan rules fired, in order:" if fired else "plan rules fired: none (the base plan)")
+        out += [f"  {rule.name}: {' '.join(f'{k}={v}' for k, v in fields.items())}  ({rule.why})"
+                for rule, fields in fired]
 
     # tiles and bytes of each kind, a pool's tiles (claimed at run time) counted once per stage
     kinds: dict[Op, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
@@ -98,7 +108,9 @@ def build_parser():
     ap.add_argument("-m", "--model", required=True,
                     help="size alias (0.6b 1.7b 4b 8b 14b 32b), its repo id, a checkpoint folder with a config.json, "
                          "or the demo shape tiny-random")
-    ap.add_argument("--workers", type=cli.at_least(1), default=132, help="worker programs (about one per SM)")
+    ap.add_argument("--workers", type=cli.at_least(1), default=RUNTIME_WORKERS,
+                    help=f"worker programs; the default is what the runtime runs on an H100 ({WORKERS_PER_SM} "
+                         f"programs on each of its {H100_SMS} SMs), so the tape printed is the tape that runs there")
     ap.add_argument("--strategy", choices=STRATEGIES, default="balanced", help="how tiles are placed on workers")
     ap.add_argument("--mode", choices=MODES, default="megakernel",
                     help="megakernel: counter waits; superkernel: grid barriers between stages")
@@ -108,6 +120,7 @@ def build_parser():
                     help="memory bandwidth in GB/s for the time estimate (the default is an H200's measured copy "
                          "bandwidth)")
     ap.add_argument("--step-us", type=cli.number, default=1.6, help="cost of one dependent step in microseconds")
+    ap.add_argument("--explain", action="store_true", help="say which plan rules fired, and why")
     return ap
 
 
@@ -123,7 +136,7 @@ def main(argv=None) -> int:
         cfg = shapes_for(args.model)
         try:
             text = summary(cfg, args.workers, args.strategy, args.mode, args.batch_size, args.max_seq_len,
-                           args.bandwidth, args.step_us, name=args.model)
+                           args.bandwidth, args.step_us, name=args.model, explain=args.explain)
         except TapeError as e:      # the scheduler's fault, not the input's: status 1
             print(f"error: invalid tape: {str(e).splitlines()[0]}", file=sys.stderr)
             return 1

@@ -104,8 +104,7 @@ def split_stage(stage: Stage, workers: int) -> list[tuple[int, int, Segment, tup
     ntiles / workers tiles each, never crossing a segment boundary, and no more pieces than
     workers where the segments allow: rounding each segment's pieces up to ntiles / workers tiles
     can make more (8b's QKV: 24 segments of kv groups' q, k and v rows, 272 pieces for 264
-    workers, so 8 workers ran two: 10 tiles where a cut along the segments needs 7; bench/NOTES.md
-    48)."""
+    workers, so 8 workers would run two: 10 tiles where a cut along the segments needs 7)."""
     sizes = [seg.tile_end - seg.tile_start for seg in stage.segments]
     chunk = max(1, -(-stage.ntiles // workers))
     parts = [-(-n // chunk) for n in sizes]
@@ -125,9 +124,25 @@ def split_stage(stage: Stage, workers: int) -> list[tuple[int, int, Segment, tup
 
 def lagged(plan: Plan, workers: int, mode: str = "megakernel", strategy: str = "balanced") -> bool:
     """Whether the balanced megakernel tape places attention, O, gate/up and down by when their
-    workers get there (``build_tape``): at batch 1 where the O projection runs on at most half the
-    workers (``make_plan``'s short layers), so that those workers reach gate/up last while the
-    others, with no O tile, reach it during attention and load their first gate/up tile then."""
+    workers get there (``_Placer``): at batch 1 where the O projection runs on at most half the
+    workers (the plan's short layers, ``ops.short_b1_mlp``), so that those workers reach gate/up
+    last while the others, with no O tile, reach it during attention and load their first gate/up
+    tile then. Per layer:
+
+    - attention's splits go in two halves (where they fit one a worker): split s < NSPLIT / 2 of
+      group g to worker g * NSPLIT / 2 + s, split s + NSPLIT / 2 to that worker + workers / 2, so
+      the two programs of an SM hold one early split (busy at a short context) and one late
+      (empty) one. Such a tape assumes rows w and w + workers / 2 share an SM (``Tape.sm_mates``),
+      which the backend makes so where the workers are two an SM (``megakernel.kernel._paired_row``);
+    - O goes to the workers whose attention split is the latest of its group (empty at a short
+      context: they reach O, and ask for its weights, as attention starts), one per SM;
+    - gate/up gives those O workers the fewest tiles (``lagged_gateup``: they ask for all of them at
+      O's end) and the others, which reach gate/up during attention with their first tile in
+      registers, one more (and, with the halves, no SM four where three can do);
+    - down goes to the O workers alone where that is at most two tiles each (their gate/up ends
+      first), so the others reach the next layer's QKV, and its weights, during down.
+
+    Measurements: docs/performance.md."""
     return (mode == "megakernel" and strategy == "balanced" and short_b1_mlp(plan, workers))
 
 
@@ -179,37 +194,157 @@ STRATEGIES = ("round-robin", "balanced")
 MODES = ("megakernel", "superkernel")
 
 
+class _Counters:
+    """Counter numbers by key ((op, layer, group), a pool's (op, layer, "pool"), or a barrier's),
+    from 1 in the order first asked for (0 is never raised), with their names for error messages."""
+
+    def __init__(self):
+        self.ids: dict[tuple, int] = {}
+        self.names: dict[int, str] = {0: "never raised"}
+
+    def __call__(self, key) -> int:
+        if key not in self.ids:
+            self.ids[key] = c = len(self.ids) + 1
+            op, layer, group = key
+            self.names[c] = f"BARRIER {layer}" if op == Op.BARRIER else \
+                f"{Op(op).name} layer {layer} pool claims" if group == "pool" else \
+                f"{Op(op).name} layer {layer} group {group}"
+        return self.ids[key]
+
+
+def _instructions(plan: Plan, stage: Stage, pieces, mode: str, counter: _Counters, signals: dict) -> list[Instr]:
+    """A stage's pieces as instructions: in megakernel mode each waits on its producer segment's
+    counter (for as many signals as that segment has instructions) and raises its own segment's."""
+    pool = plan.pool(stage.op)
+    pc = counter((stage.op, stage.layer, "pool")) if pool else 0
+    claims = pool + len(pieces) if pool else 0
+    if claims > MAX_POOL_CLAIMS or pc >= 1 << POOL_SHIFT:
+        raise ValueError(f"{stage.op.name} layer {stage.layer}: a pool of {pool} tiles over {len(pieces)} "
+                         f"instructions makes {claims} claims a step (at most {MAX_POOL_CLAIMS}) on counter "
+                         f"{pc} (below {1 << POOL_SHIFT}): use a smaller pool")
+    instrs = []
+    for a, b, seg, dep in pieces:
+        if mode == "megakernel":
+            wc, wn = (counter(dep), signals[dep]) if dep is not None else (0, 0)
+            sc = counter(seg.key)
+        else:
+            wc, wn, sc = 0, 0, -1
+        instrs.append(Instr(int(stage.op), stage.layer, a, b, wc, wn, sc, pc, claims))
+    return instrs
+
+
+class _Placer:
+    """Worker lists and their loads (bytes, plus one an instruction) as stages are placed."""
+
+    def __init__(self, plan: Plan, workers: int, strategy: str, lag: bool, halves: bool, late_gu: dict):
+        self.plan, self.workers, self.strategy = plan, workers, strategy
+        self.lag, self.halves, self.late_gu = lag, halves, late_gu
+        self.lists: list[list[Instr]] = [[] for _ in range(workers)]
+        self.load = [0] * workers
+        self.rr = 0                         # round-robin: the next stage's first worker
+        self.split_of: dict[int, int] = {}  # worker: the earliest attention split it holds this layer
+        self.o_workers: list[int] = []      # the workers holding this layer's O projection
+
+    def put(self, ins: Instr, w: int):
+        self.lists[w].append(ins)
+        self.load[w] += cost(self.plan, Op(ins.op), ins.ntiles) + 1
+
+    def place(self, instrs, ws) -> list[tuple[Instr, int]]:
+        """Largest first, each to the worker of ``ws`` with the least load of this stage, then of the
+        step so far: a stage ends when its busiest worker does."""
+        heap = [(0, self.load[v], v) for v in ws]
+        heapq.heapify(heap)
+        placed = []
+        for ins in sorted(instrs, key=lambda i: -cost(self.plan, Op(i.op), i.ntiles)):
+            stage_load, _, w = heapq.heappop(heap)
+            before = self.load[w]
+            self.put(ins, w)
+            placed.append((ins, w))
+            heapq.heappush(heap, (stage_load + self.load[w] - before, self.load[w], w))
+        return placed
+
+    def stage(self, stage: Stage, instrs: list[Instr]):
+        plan, workers = self.plan, self.workers
+        if self.strategy == "round-robin":
+            for j, ins in enumerate(instrs):
+                self.lists[(self.rr + j) % workers].append(ins)
+            self.rr = (self.rr + len(instrs)) % workers
+        elif self.halves and stage.op == Op.ATTN:
+            self._attention_halves(instrs)
+        elif self.lag and stage.op == Op.OPROJ:
+            # the workers whose earliest split is the latest first
+            first = sorted(range(workers), key=lambda v: (-self.split_of.get(v, plan.NSPLIT), self.load[v]))
+            self.o_workers = [w for _, w in self.place(instrs, first[:len(instrs)])]
+        elif self.lag and stage.op == Op.GATEUP:
+            self._lagged_gateup(instrs, self.late_gu[stage.layer])
+        elif self.lag and stage.op == Op.DOWN and len(instrs) == len(self.o_workers):
+            self.place(instrs, self.o_workers)
+        else:
+            placed = self.place(instrs, range(workers))
+            if stage.op == Op.ATTN:
+                # at a short context the early splits of each group hold its positions, the later none
+                self.split_of = {}
+                for ins, w in placed:
+                    self.split_of[w] = min(self.split_of.get(w, plan.NSPLIT), ins.tile_start % plan.NSPLIT)
+
+    def _attention_halves(self, instrs):
+        """Split s < NSPLIT / 2 of group g on worker g * NSPLIT / 2 + s, split s + NSPLIT / 2 on that
+        worker + workers / 2, its SM mate: each SM holds one worker with an early (at a short
+        context: busy) split and one with a late (empty) one, and O goes to the latter."""
+        half, workers = self.plan.NSPLIT // 2, self.workers
+        self.split_of = dict.fromkeys(range(workers), -1)      # no split: O goes there last
+        for ins in instrs:
+            g, s = divmod(ins.tile_start, self.plan.NSPLIT)
+            w = g * half + s % half + (workers // 2 if s >= half else 0)
+            self.put(ins, w)
+            self.split_of[w] = s
+
+    def _lagged_gateup(self, instrs, n_late: int):
+        late_placed = self.place(instrs[:n_late], self.o_workers)
+        early = sorted(set(range(self.workers)) - set(self.o_workers))
+        if not self.halves:
+            self.place(instrs[n_late:], early)
+            return
+        # largest first, each to the free early worker whose SM (w and w + workers / 2, the tape's
+        # sm_mates) holds the fewest gate/up tiles so far: no SM holds four where three can do
+        half = self.workers // 2
+        on_sm = [0] * half
+        for ins, w in late_placed:
+            on_sm[w % half] += ins.ntiles
+        free = set(early)
+        for ins in sorted(instrs[n_late:], key=lambda i: -i.ntiles):
+            w = min(free, key=lambda v: (on_sm[v % half], v))
+            free.remove(w)
+            self.put(ins, w)
+            on_sm[w % half] += ins.ntiles
+
+
+def _lagged_pieces(stages, pieces_per_stage, workers: int) -> dict[int, int]:
+    """Recut each layer's gate/up and down for the lagged placement (``lagged``), in place; returns
+    layer: how many of its gate/up pieces go to its O workers (the first ones)."""
+    late_gu = {}
+    n_o = {s.layer: len(p) for s, p in zip(stages, pieces_per_stage) if s.op == Op.OPROJ}
+    for k, s in enumerate(stages):
+        if s.op == Op.GATEUP:
+            late, early = lagged_gateup(s, n_o[s.layer], workers)
+            pieces_per_stage[k] = late + early
+            late_gu[s.layer] = len(late)
+        elif s.op == Op.DOWN and s.ntiles <= 2 * n_o[s.layer]:
+            n = s.ntiles
+            pieces_per_stage[k] = [_piece(s, j * n // n_o[s.layer], (j + 1) * n // n_o[s.layer])
+                                   for j in range(n_o[s.layer])]
+    return late_gu
+
+
 def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str = "megakernel") -> Tape:
     """Assign every tile of a decode step to ``workers`` workers.
 
     round-robin: instruction j of a stage goes to worker (first + j) mod W, where ``first``
     continues from the previous stage, so short stages do not always land on worker 0.
-    balanced: list scheduling; each instruction (largest first within a stage) goes to the worker
-    with the least bytes of this stage, then of the step so far. Both keep every worker's list in stage order, which
-    with co-resident workers rules out deadlock (a wait only names earlier stages).
-    Where the O projection runs on at most half the workers (``lagged``), the balanced megakernel
-    tape places each layer's O, gate/up and down by when their workers get there:
-
-    - attention's splits go in two halves: split s < NSPLIT / 2 of group g to worker
-      g * NSPLIT / 2 + s, split s + NSPLIT / 2 to that worker + workers / 2, so that the two
-      programs of an SM hold one early split (busy at a short context) and one late (empty) one.
-      Such a tape assumes rows w and w + workers / 2 share an SM (``Tape.sm_mates``), which the
-      backend makes so where the workers are two an SM (``megakernel.kernel._paired_row``; the
-      driver's own placement pairs w and w + 124 on the H100 and H200, bench/sm_map.py);
-    - O goes to the workers whose attention split is the latest of its group (empty at a short
-      context: they reach O, and ask for its weights, as attention starts), one per SM;
-    - gate/up gives those O workers the fewest tiles (``lagged_gateup``: they ask for all of them
-      at O's end) and the others, which reach gate/up during attention with their first tile in
-      registers, one more (where an SM would hold four, one tile fewer);
-    - down goes to the O workers alone where that is at most two tiles each (their gate/up ends
-      first), so the others reach the next layer's QKV, and its weights, during down.
-
-    H100, 0.6b at max_seq_len 392 (with 8-row gate/up tiles, ``make_plan``): 0.698-0.701 ms/token
-    against the plain placement's 0.717-0.721, with attention in halves 0.685-0.688 against
-    0.698-0.700, and with no SM holding four gate/up tiles 0.677-0.683 against 0.684-0.686
-    (bench/NOTES.md 63, 65); with rows paired on SMs by the kernel, 0.674-0.681 against
-    0.677-0.684 (NOTES 66).
-    A superkernel tape has no pools (``Tape.plan`` is the plan without them)."""
+    balanced: list scheduling (``_Placer.place``); where ``lagged`` holds, attention, O, gate/up
+    and down are placed by when their workers get there instead. Both keep every worker's list in
+    stage order, which with co-resident workers rules out deadlock (a wait only names earlier
+    stages). A superkernel tape has no pools (``Tape.plan`` is the plan without them)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}: {', '.join(STRATEGIES)}")
     if mode not in MODES:
@@ -219,143 +354,33 @@ def build_tape(plan: Plan, workers: int, strategy: str = "balanced", mode: str =
     if mode == "superkernel":
         plan = without_pools(plan)      # pools claim from counters, which a superkernel tape has not
     stages = build_stages(plan)
-    counters: dict[tuple, int] = {}
-    names: dict[int, str] = {0: "never raised"}
-
-    def counter(key) -> int:
-        if key not in counters:
-            counters[key] = len(counters) + 1
-            op, layer, group = key
-            names[counters[key]] = f"BARRIER {layer}" if op == Op.BARRIER else \
-                f"{Op(op).name} layer {layer} pool claims" if group == "pool" else \
-                f"{Op(op).name} layer {layer} group {group}"
-        return counters[key]
-
+    counter = _Counters()
     pieces_per_stage = [split_stage(s, workers) for s in stages]
     lag = lagged(plan, workers, mode, strategy)
-    # attention's splits in two halves of the workers (below): every (group, split) one tile, one
+    # attention's splits in two halves of the workers: every (group, split) one tile, one
     # instruction each, and half of them fit half the workers
     halves = (lag and plan.NSPLIT % 2 == 0 and plan.tiles(Op.ATTN) // 2 <= workers // 2
               and all(b - a == 1 for s, pcs in zip(stages, pieces_per_stage) if s.op == Op.ATTN for a, b, _, _ in pcs))
-    late_gu: dict[int, int] = {}          # layer: the gate/up pieces for its O workers (the first ones)
-    if lag:
-        n_o = {s.layer: len(p) for s, p in zip(stages, pieces_per_stage) if s.op == Op.OPROJ}
-        for k, s in enumerate(stages):
-            if s.op == Op.GATEUP:
-                late, early = lagged_gateup(s, n_o[s.layer], workers)
-                pieces_per_stage[k] = late + early
-                late_gu[s.layer] = len(late)
-            elif s.op == Op.DOWN and s.ntiles <= 2 * n_o[s.layer]:
-                n = s.ntiles
-                pieces_per_stage[k] = [_piece(s, j * n // n_o[s.layer], (j + 1) * n // n_o[s.layer])
-                                       for j in range(n_o[s.layer])]
+    late_gu = _lagged_pieces(stages, pieces_per_stage, workers) if lag else {}
     signals: dict[tuple, int] = {}
     for pieces in pieces_per_stage:
         for a, b, seg, dep in pieces:
             signals[seg.key] = signals.get(seg.key, 0) + 1
-    lists: list[list[Instr]] = [[] for _ in range(workers)]
-    load = [0] * workers
-    rr = 0
-
-    def put(ins, w) -> int:
-        """Instruction ins to worker w; its load (bytes, and one for the instruction)."""
-        c = cost(plan, Op(ins.op), ins.ntiles) + 1
-        lists[w].append(ins)
-        load[w] += c
-        return c
-
-    def place(instrs, ws):
-        # a stage ends when its busiest worker does: balance within the stage first, then over
-        # the step so far
-        heap = [(0, load[v], v) for v in ws]
-        heapq.heapify(heap)
-        placed = []
-        for ins in sorted(instrs, key=lambda i: -cost(plan, Op(i.op), i.ntiles)):
-            stage_load, _, w = heapq.heappop(heap)
-            c = put(ins, w)
-            placed.append((ins, w))
-            heapq.heappush(heap, (stage_load + c, load[w], w))
-        return placed
-
-    split_of: dict[int, int] = {}         # worker: the earliest attention split it holds this layer
-    o_workers: list[int] = []             # the workers holding this layer's O projection
+    placer = _Placer(plan, workers, strategy, lag, halves, late_gu)
     for k, (stage, pieces) in enumerate(zip(stages, pieces_per_stage)):
-        instrs = []
-        pool = plan.pool(stage.op)
-        pc = counter((stage.op, stage.layer, "pool")) if pool else 0
-        claims = pool + len(pieces) if pool else 0
-        if claims > MAX_POOL_CLAIMS or pc >= 1 << POOL_SHIFT:
-            raise ValueError(f"{stage.op.name} layer {stage.layer}: a pool of {pool} tiles over {len(pieces)} "
-                             f"instructions makes {claims} claims a step (at most {MAX_POOL_CLAIMS}) on counter "
-                             f"{pc} (below {1 << POOL_SHIFT}): use a smaller pool")
-        for a, b, seg, dep in pieces:
-            if mode == "megakernel":
-                wc, wn = (counter(dep), signals[dep]) if dep is not None else (0, 0)
-                sc = counter(seg.key)
-            else:
-                wc, wn, sc = 0, 0, -1
-            instrs.append(Instr(int(stage.op), stage.layer, a, b, wc, wn, sc, pc, claims))
-        if strategy == "round-robin":
-            for j, ins in enumerate(instrs):
-                lists[(rr + j) % workers].append(ins)
-            rr = (rr + len(instrs)) % workers
-        elif halves and stage.op == Op.ATTN:
-            # split s < NSPLIT / 2 of group g on worker g * NSPLIT / 2 + s, split s + NSPLIT / 2 on
-            # that worker + workers / 2, its SM mate (sm_mates): each SM then holds one worker with
-            # an early (at a short context: busy) split and one with a late (empty) one, and the O
-            # projection goes to the latter
-            half = plan.NSPLIT // 2
-            split_of = dict.fromkeys(range(workers), -1)      # no split: O goes there last
-            for ins in instrs:
-                g, s = divmod(ins.tile_start, plan.NSPLIT)
-                w = g * half + s % half + (workers // 2 if s >= half else 0)
-                put(ins, w)
-                split_of[w] = s
-        elif lag and stage.op == Op.OPROJ:
-            # the workers whose earliest split is the latest first
-            first = sorted(range(workers), key=lambda v: (-split_of.get(v, plan.NSPLIT), load[v]))
-            o_workers = [w for _, w in place(instrs, first[:len(instrs)])]
-        elif lag and stage.op == Op.GATEUP:
-            n_late = late_gu[stage.layer]
-            late_placed = place(instrs[:n_late], o_workers)
-            early = sorted(set(range(workers)) - set(o_workers))
-            if halves:
-                # largest first, each to the free early worker whose SM (w and w + workers / 2, the
-                # tape's sm_mates) holds the fewest gate/up tiles so far: no SM holds four where
-                # three can do (120 SMs three, 12 two at 0.6b on 264 workers)
-                half = workers // 2
-                on_sm = [0] * half
-                for ins, w in late_placed:
-                    on_sm[w % half] += ins.ntiles
-                free = set(early)
-                for ins in sorted(instrs[n_late:], key=lambda i: -i.ntiles):
-                    w = min(free, key=lambda v: (on_sm[v % half], v))
-                    free.remove(w)
-                    put(ins, w)
-                    on_sm[w % half] += ins.ntiles
-            else:
-                place(instrs[n_late:], early)
-        elif lag and stage.op == Op.DOWN and len(instrs) == len(o_workers):
-            place(instrs, o_workers)
-        else:
-            placed = place(instrs, range(workers))
-            if stage.op == Op.ATTN:
-                # at a short context the early splits of each group hold its positions, the later
-                # ones none
-                split_of = {}
-                for ins, w in placed:
-                    split_of[w] = min(split_of.get(w, plan.NSPLIT), ins.tile_start % plan.NSPLIT)
+        placer.stage(stage, _instructions(plan, stage, pieces, mode, counter, signals))
         if mode == "superkernel" and k < len(stages) - 1:
             bar = counter((Op.BARRIER, k, 0))
-            for lst in lists:
+            for lst in placer.lists:
                 lst.append(Instr(int(Op.BARRIER), k, 0, 0, bar, workers, bar))
+    lists = placer.lists
     # within a stage the balanced strategy reorders; restore each worker's stage order
     if strategy == "balanced":
         rank = {(s.op, s.layer): i for i, s in enumerate(stages)}
         for lst in lists:
             lst.sort(key=lambda i: (rank.get((Op(i.op), i.layer), -1) if i.op != Op.BARRIER else
                                     i.layer + 0.5, i.tile_start))
-    return Tape(plan, lists, len(counters) + 1, names, mode, strategy, sm_mates=halves)
+    return Tape(plan, lists, len(counter.ids) + 1, counter.names, mode, strategy, sm_mates=halves)
 
 
 def encode(tape: Tape):

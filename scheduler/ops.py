@@ -13,44 +13,34 @@ A stage with a *pool* (the plan's ``POOL_O``, ``POOL_GU``, ``POOL_DOWN``, ``POOL
 its last tiles) leaves those tiles to no instruction. Each of the stage's instructions, after its
 own tiles, claims pool tiles one at a time from a claims counter until the pool is empty, so the
 workers whose memory is fastest that step take more of them and the stage ends when the mean
-worker would, not the slowest (the stages' tails, bench/NOTES.md 58). The pool word is
+worker would, not the slowest (see docs/performance.md). The pool word is
 ``pool_counter | pool_claims << 16``: the claims counter (which nothing waits on or signals) and
 the claims one step makes (every instruction claims once more than it takes, so a step makes
 ``POOL + instructions`` claims and step s's claims are those from ``pool_claims * s``; no reset).
 A stage's signals still mean that all its tiles are done: an instruction signals after the pool
 tiles it took, and it stops claiming only once the pool has run out.
 
-This module is the scheduler's view of the instruction kinds and imports no Triton; the kernels
-of each kind live in ``instructions/<kind>.py`` (docs/design.md: the two are kept apart so that the
-scheduler is testable in milliseconds).
+This module is the scheduler's view of the instruction kinds (their registry is ``kinds``) and
+the tile plan; it imports no Triton, so the scheduler is testable in milliseconds. The kernels of
+each kind live in ``instructions/<module>.py``.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 
+from .kinds import KINDS, Op, cdiv as _cdiv, kind
+
 WORDS = 8
+# Worker programs a GPU runs on each SM by default: two, so one's loads overlap the other's waits
+WORKERS_PER_SM = 2
 # the pool word: claims counter in the low bits, claims a step above them
 POOL_SHIFT = 16
-# Counters restart from zero every this many steps (``PersistentBackend.decode``), so a pool's
-# claims a step stay below 2^31 / this
-MAX_POOL_CLAIMS = (1 << 31) // 65536 - 1
-
-
-class Op(enum.IntEnum):
-    NOOP = 0
-    EMBED = 1      # x[b] = embed[token[b]]                                   tile: one sequence
-    QKV = 2        # qkv[b] = Wqkv rmsnorm(x[b])                               tile: R_QKV rows
-    ATTN = 3       # q/k norm, RoPE, KV append, split-KV attention; the last     tile: (b, kv head, split)
-                   # split of a (b, kv head) to finish combines the splits
-    OPROJ = 4      # x[b] += Wo attn[b]                                        tile: R_O rows
-    GATEUP = 5     # act[b] = silu(Wg h) * (Wu h), h = rmsnorm(x[b])           tile: R_GU rows of each
-    DOWN = 6       # x[b] += Wd act[b]                                         tile: R_DOWN rows
-    LMHEAD = 7     # logits[b] = Wlm rmsnorm(x[b]); raises the packed argmax   tile: R_LM rows
-    ARGMAX = 8     # token[b] from the packed argmax; length[b] += steps       tile: one sequence
-    BARRIER = 9    # superkernel: signal, then wait for every worker           (no tiles)
+# The persistent backend zeroes its int32 counters every this many steps, so a pool's claims a
+# step must stay below 2^31 / this
+COUNTER_RESET_STEPS = 65536
+MAX_POOL_CLAIMS = (1 << 31) // COUNTER_RESET_STEPS - 1
 
 
 @dataclass(frozen=True)
@@ -83,10 +73,6 @@ class Instr:
         if self.op in (Op.NOOP, Op.BARRIER):
             return f"{name}"
         return f"{name} layer {self.layer} tiles {self.tile_start}..{self.tile_end - 1}"
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _pow2_floor(n: int) -> int:
@@ -137,7 +123,7 @@ class Plan:
 
     def pool(self, op: Op) -> int:
         """Tiles of ``op``'s pool (its last ones), 0 where it has none."""
-        field = POOL_FIELDS.get(Op(op))
+        field = POOL_FIELDS.get(op)
         return getattr(self, field) if field else 0
 
     @property
@@ -151,16 +137,8 @@ class Plan:
         return next_pow2(self.NSPLIT)
 
     def tiles(self, op: Op) -> int:
-        return {
-            Op.EMBED: self.B,
-            Op.QKV: _cdiv(self.QKV_ROWS, self.R_QKV),
-            Op.ATTN: self.B * self.HKV * self.NSPLIT,
-            Op.OPROJ: _cdiv(self.H, self.R_O),
-            Op.GATEUP: _cdiv(self.I, self.R_GU),
-            Op.DOWN: _cdiv(self.H, self.R_DOWN),
-            Op.LMHEAD: _cdiv(self.V, self.R_LM),
-            Op.ARGMAX: self.B,
-        }[op]
+        """Tiles of one stage of ``op`` (``scheduler.kinds``)."""
+        return kind(op).tiles(self)
 
     def constexprs(self) -> dict:
         return {**asdict(self), "NSPLIT_PAD": self.NSPLIT_PAD}
@@ -197,12 +175,12 @@ MAX_BK = 4096
 # Pools (module doc): in a plan whose gate/up stage streams at least POOL_MIN_BYTES of weights a
 # worker at batch 1, a stage whose tiles give every worker at least POOL_MIN_TILES leaves
 # 1 / POOL_DIV of them to a pool.
-POOL_FIELDS = {Op.OPROJ: "POOL_O", Op.GATEUP: "POOL_GU", Op.DOWN: "POOL_DOWN", Op.LMHEAD: "POOL_LM"}
+POOL_FIELDS = {Op[k.name]: k.pool for k in KINDS if k.pool}
 POOL_MIN_BYTES = 512 * 1024
 POOL_MIN_TILES = 4
 POOL_DIV = 5
-# Attention's new position gets a split of its own (ATTN_NEW) only where a layer's weights are
-# under this many bytes a worker (0.6b: 119 KB at 264 workers; 1.7b: 380 KB).
+# Short layers: a layer's weights under this many bytes a worker, where attention's stage is a
+# large share of the layer (0.6b at 264 workers; not 1.7b)
 ATTN_NEW_MAX_BYTES = 256 * 1024
 
 
@@ -222,130 +200,143 @@ def _rows(N: int, K: int, workers: int, cap: int = 64, max_bk: int = MAX_BK, ele
 def _balanced(R: int, N: int, workers: int, slack: float = 1.1) -> int:
     """The largest power of two <= R rows per tile whose busiest worker holds at most ``slack``
     times the fewest rows any tile size gives it. Tile counts that do not divide among the
-    workers leave some with one tile more: 0.6b's gate/up at 8 rows is 384 tiles on 264 workers,
-    so 120 hold 16 rows, where 4-row tiles (768) give at most 12 (0.732 -> 0.720 ms on the H200,
-    bench/NOTES.md 31). (There the tape now places gate/up unevenly on purpose, ``short_b1_mlp``,
-    and the tile takes the whole budget.)"""
+    workers leave some with one tile more (0.6b's gate/up at 8 rows is 384 tiles on 264 workers,
+    so 120 hold 16 rows, where 4-row tiles give at most 12)."""
     load = {r: _cdiv(_cdiv(N, r), max(1, workers)) * r for r in (1 << i for i in range(R.bit_length())) if r <= R}
     best = min(load.values())
     return max(r for r, v in load.items() if v <= slack * best)
 
 
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a plan is made for, and the tile sizes the register budget allows it (``_rows``)."""
+    cfg: object
+    B: int
+    S: int
+    workers: int
+    max_bk: int
+    elems: int                  # TILE_ELEMS scaled to the program's warps
+    nsplit_given: bool          # the caller fixed NSPLIT
+    short: bool                 # a layer's bf16 weights are under ATTN_NEW_MAX_BYTES a worker
+
+    def rows(self, N: int, K: int, workers: int | None = None, cap: int = 64) -> int:
+        return _rows(N, K, self.workers if workers is None else workers, cap, self.max_bk, self.elems)
+
+    @property
+    def short_b1(self) -> bool:
+        return self.short and self.B == 1
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One of ``make_plan``'s overrides of the base plan: where ``when`` holds, ``then``'s fields."""
+    name: str
+    when: object    # (PlanInputs, Plan) -> bool
+    then: object    # (PlanInputs, Plan) -> dict of fields
+    why: str
+
+
+def _pools(x: PlanInputs, p: Plan) -> dict:
+    return {field: min(p.tiles(op) // POOL_DIV, MAX_POOL_CLAIMS - x.workers)
+            for op, field in POOL_FIELDS.items() if p.tiles(op) >= POOL_MIN_TILES * x.workers}
+
+
+# Applied in order to the base plan (``_base_plan``); each sees the plan the rules before it made.
+# The measurements behind them are in docs/performance.md.
+PLAN_RULES: tuple[Rule, ...] = (
+    Rule("splits-by-context",
+         lambda x, p: not x.nsplit_given and not x.short_b1,
+         lambda x, p: dict(NSPLIT=max(1, min(p.NSPLIT, next_pow2(_cdiv(x.S, p.BLOCK_S))))),
+         "no more attention splits than KV blocks at max_seq_len (short layers at batch 1 keep one a worker)"),
+    Rule("balanced-gateup",
+         lambda x, p: x.B == 1,
+         lambda x, p: dict(R_GU=_balanced(p.R_GU, p.I, x.workers)),
+         "gate/up tiles whose count divides evenly among the workers, so no worker holds one too many"),
+    Rule("half-down-tiles",
+         lambda x, p: x.B == 1 and p.I > 2 * p.BK_I,
+         lambda x, p: dict(R_DOWN=max(1, p.R_DOWN // 2)),
+         "down rows of more than two chunks: half the bytes in flight at the wait, and fewer spills"),
+    Rule("narrow-down-chunks",
+         lambda x, p: x.B == 1 and p.I > 4 * p.BK_I and p.BK_I >= 32,
+         lambda x, p: dict(BK_I=p.BK_I // 2, R_DOWN=p.R_DOWN * 2),
+         "down rows of more than four chunks: half-width chunks of twice the rows read each input chunk once"),
+    Rule("o-on-half-the-workers",
+         lambda x, p: x.short_b1,
+         lambda x, p: dict(R_O=x.rows(p.H, p.HQ * p.D, x.workers // 2)),
+         "short layers at batch 1: the workers without an O tile go on to gate/up and load it during O"),
+    Rule("deep-kv-pipeline",
+         lambda x, p: x.S >= 8192,
+         lambda x, p: dict(KV_STAGES=4),
+         "a long context: one more KV block in flight (a stage of shared memory costs every kernel L1)"),
+    Rule("batched",
+         lambda x, p: x.B >= 2,
+         lambda x, p: dict(BATCHED=1, R_QKV=batched_qkv_rows(p.QKV_ROWS, p.D, x.workers),
+                           R_O=batched_rows(p.H, x.workers), R_GU=batched_rows(p.I, x.workers),
+                           R_DOWN=batched_rows(p.H, x.workers), R_LM=batched_rows(p.V, x.workers)),
+         "a batch reads each weight once for all its sequences, about one tile a worker"),
+    Rule("pools",
+         lambda x, p: x.B == 1 and not p.BATCHED and cost(p, Op.GATEUP, p.tiles(Op.GATEUP)) >= POOL_MIN_BYTES * x.workers,
+         _pools,
+         "long layers: a fifth of each large stage claimed at run time, so it ends with the mean worker"),
+    Rule("whole-budget-gateup",
+         lambda x, p: short_b1_mlp(p, x.workers) and not p.BATCHED,
+         lambda x, p: dict(R_GU=max(1, x.rows(p.I, p.H) // 2)),
+         "the tape places gate/up by when workers get there (graph.lagged): a tile takes the whole budget"),
+    Rule("new-position-split",
+         lambda x, p: p.NSPLIT > 1 and _cdiv(x.S, p.NSPLIT - 1) <= p.BLOCK_S and x.short,
+         lambda x, p: dict(ATTN_NEW=1),
+         "short layers, short context: split 0 holds the new position, so its RoPE and append run beside the cache"),
+)
+
+
+def _base_plan(x: PlanInputs, nsplit: int | None, lm_rows: int | None) -> Plan:
+    """The plan before ``PLAN_RULES``: one tile a worker within the register budget (``_rows``)."""
+    cfg = x.cfg
+    H, D, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    d_pad = next_pow2(D)
+    # attention walks a split in blocks of BLOCK_S positions (tl.dot needs >= 16); larger blocks
+    # cost the megakernel spills (its dot operands' registers)
+    block_s = max(16, min(64, _pow2_floor(4096 // d_pad)))
+    # one attention tile a worker at most; a power of two (33 splits at 264 workers and 8 kv heads
+    # would cost the megakernel spills). Splits past the context are empty at run time.
+    nsplit = nsplit if nsplit is not None else _pow2_floor(max(1, x.workers // (x.B * cfg.num_key_value_heads)))
+    return Plan(
+        B=x.B, H=H, D=D, HQ=cfg.num_attention_heads, HKV=cfg.num_key_value_heads, I=I,
+        V=cfg.vocab_size, L=cfg.num_hidden_layers, S=x.S,
+        R_QKV=min(x.rows(cfg.qkv_size, H), D & -D),      # a QKV tile never straddles two heads
+        R_O=x.rows(H, cfg.q_size), R_GU=max(1, x.rows(I, H) // 2), R_DOWN=x.rows(H, I),
+        R_LM=lm_rows or x.rows(cfg.vocab_size, H, cap=16),
+        BK_H=_block_k(H, x.max_bk), BK_Q=_block_k(cfg.q_size, x.max_bk), BK_I=_block_k(I, x.max_bk),
+        NSPLIT=nsplit, BLOCK_S=block_s, D_PAD=d_pad, G_PAD=next_pow2(cfg.group_size), KV_STAGES=3)
+
+
+def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
+                   lm_rows: int | None = None, max_bk: int = MAX_BK,
+                   num_warps: int = 4) -> tuple[Plan, list[tuple[Rule, dict]]]:
+    """``make_plan``'s plan, and the rules of ``PLAN_RULES`` that fired with the fields each set."""
+    x = PlanInputs(cfg, batch_size, max_seq_len, workers, max_bk, TILE_ELEMS * num_warps // 4, nsplit is not None,
+                   short=cfg.layer_matrix_params * 2 < ATTN_NEW_MAX_BYTES * workers)
+    plan = _base_plan(x, nsplit, lm_rows)
+    fired = []
+    for rule in PLAN_RULES:
+        if rule.when(x, plan):
+            fields = rule.then(x, plan)
+            plan = replace(plan, **fields)
+            fired.append((rule, fields))
+    return plan, fired
+
+
 def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
               lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4) -> Plan:
-    H, D, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    rows = partial(_rows, max_bk=max_bk, elems=TILE_ELEMS * num_warps // 4)
-    G = cfg.group_size
-    qkv_rows = cfg.qkv_size
-    g_pad, d_pad = next_pow2(G), next_pow2(D)
-    # Attention walks a split in blocks of BLOCK_S positions (tl.dot needs >= 16): 32 x 128 keys
-    # and values are 8 KB each in bf16. The tile keeps NSTAGE - 1 blocks in flight in shared
-    # memory (instructions/attention.py), so the block size sets the registers of one block's
-    # dot operands, not the bytes in flight: 64 costs the megakernel spills
-    # (python -m megakernel.compile_check --set BLOCK_S=64)
-    block_s = max(16, min(64, _pow2_floor(4096 // d_pad)))
-    # Short layers (bf16 weights under ATTN_NEW_MAX_BYTES a worker: 0.6b's 119 KB at 264 workers,
-    # 1.7b's 380 KB), where attention's stage is a large share of the layer; at batch 1 the plan
-    # spreads attention and the O projection for them (below)
-    short = cfg.layer_matrix_params * 2 < ATTN_NEW_MAX_BYTES * workers
-    short_b1 = short and batch_size == 1
-    if nsplit is None:
-        # One attention tile per worker at most: with every worker busy at a long context, more
-        # splits would only give a worker two tiles in a row (the tape is static), each with its
-        # own q, partial and ticket, and a longer combine. A power of two: 32, not 33, for 264
-        # workers and 8 kv heads (33 works too, but cost the megakernel 40 more bytes of spills
-        # on Triton 3.6 in compile_check). Splits are cut at run time from the current length,
-        # so at a short context the later ones are empty; never more splits than blocks at
-        # max_seq_len, except for short layers at batch 1, where every worker holding a split,
-        # most of them empty, measured faster (H100, 0.6b at max_seq_len 392, the same one-block
-        # cuts: 32 splits 0.723-0.726 ms against 16's 0.729-0.735; not at 1.7b, +0.7%, or 8b,
-        # +1.5%: their spills; bench/NOTES.md 61)
-        nsplit = _pow2_floor(max(1, workers // (batch_size * cfg.num_key_value_heads)))
-        if not short_b1:
-            nsplit = max(1, min(nsplit, next_pow2(_cdiv(max_seq_len, block_s))))
-    r_gu_max = max(1, rows(I, H, workers) // 2)      # rows of gate and of up per tile
-    r_down = rows(H, I, workers)
-    bk_i = _block_k(I, max_bk)
-    r_gu = r_gu_max
-    if batch_size == 1:
-        r_gu = _balanced(r_gu, I, workers)
-        # Down tiles of half the register budget where a row takes more than two chunks: each
-        # worker then has half the bytes in flight when it polls and fewer spills. H200,
-        # max_seq_len 392, float32 act: 0.6b R_DOWN 4 -> 2 0.719 -> 0.710 ms, 8b 4.70 -> 4.45-4.55
-        # (bench/NOTES.md 32; the same for QKV: 0.6b -1%, 8b +2%). With act in bf16 (NOTES 54) the
-        # whole budget pays where the row is one or two chunks: H100, R_DOWN 2 -> 4, 0.6b
-        # 0.741-0.745 -> 0.735-0.737 ms, 1.7b 1.477 -> 1.459, while 8b (three chunks) still loses,
-        # 5.40 -> 5.48 (NOTES 55)
-        if I > 2 * bk_i:
-            r_down = max(1, r_down // 2)
-        if I > 4 * bk_i and bk_i >= 32:
-            # Down rows of more than four chunks (14b, 32b): chunks of half the width and twice
-            # the rows, the same registers. Each tile reads its input chunk again from L2 (then
-            # float32: as many bytes as its bf16 weights at 2 rows; bf16 since NOTES 54), so this
-            # halves the input per weight byte. H200, max_seq_len 392: 14b 8.38 -> 8.10 ms,
-            # 32b 19.44-19.65 -> 18.43-18.48; not taken at 8b (4.21-4.35 against 4.31: the same)
-            # or 4b (2.61 -> 2.91: 3 tiles of 4 rows on its busiest worker where 5 of 2 gave 10,
-            # and 72 spills against 32) (bench/NOTES.md 50)
-            bk_i, r_down = bk_i // 2, r_down * 2
-    plan = Plan(
-        B=batch_size, H=H, D=D, HQ=cfg.num_attention_heads, HKV=cfg.num_key_value_heads, I=I,
-        V=cfg.vocab_size, L=cfg.num_hidden_layers, S=max_seq_len,
-        R_QKV=min(rows(qkv_rows, H, workers), D & -D),
-        # short layers at batch 1: the O projection on half the workers, so the others go on to
-        # gate/up and ask for its weights during O (0.6b with 32 splits: 0.716-0.720 ms against
-        # 0.723-0.726; with 16 no gain, H100; at max_seq_len 1024 on the H200 0.711-0.718 against
-        # 0.735-0.739, bench/NOTES.md 30 and 61)
-        R_O=rows(H, cfg.q_size, workers // 2 if short_b1 else workers),
-        R_GU=r_gu, R_DOWN=r_down,
-        R_LM=lm_rows or rows(cfg.vocab_size, H, workers, cap=16),
-        BK_H=_block_k(H, max_bk), BK_Q=_block_k(cfg.q_size, max_bk), BK_I=bk_i,
-        NSPLIT=nsplit, BLOCK_S=block_s, D_PAD=d_pad, G_PAD=g_pad,
-        # Blocks in flight per attention tile: 3 stages (two blocks ahead, 33 KB of shared memory)
-        # unless a split can be long. The megakernel's shared memory is the largest any of its
-        # instructions needs, and each KB of it is a KB less of L1 for every instruction: 4 stages
-        # (50 KB) cost 0.6b 0.850 vs 0.771 ms and 8b 5.32 vs 4.76 ms at a short context on the H200,
-        # and won only at 32k (1.81 vs 2.08 ms with 2). bench/NOTES.md 18. (Where no split can be
-        # longer than its first block the attention tile uses no pipeline at all: it knows the
-        # block it walks; NOTES.md 25.)
-        KV_STAGES=4 if max_seq_len >= 8192 else 3)
-    if batch_size >= 2:
-        plan = replace(plan, BATCHED=1, R_QKV=batched_qkv_rows(qkv_rows, D, workers),
-                       R_O=batched_rows(H, workers), R_GU=batched_rows(I, workers),
-                       R_DOWN=batched_rows(H, workers), R_LM=batched_rows(cfg.vocab_size, workers))
-    if batch_size == 1 and not plan.BATCHED and cost(plan, Op.GATEUP, plan.tiles(Op.GATEUP)) >= POOL_MIN_BYTES * workers:
-        # A stage whose workers stream several tiles each ends when the slowest does: the memory
-        # system serves the SMs unevenly (H100, 14b: gate/up's last instruction ends 9.3 us after
-        # its median one, down's 4.4, of 120 and 64 us), so a pool of its last tiles goes to
-        # whichever workers are free: 8b 5.41 -> 5.33 ms, 14b 10.46 -> 9.97, 32b 23.32 -> 22.24.
-        # Where the layers are short (gate/up under 512 KB a worker) the pools' code costs more
-        # than their tails: 0.6b (the LM head's alone) 0.733 -> 0.738, 1.7b 1.48 -> 1.50, 4b 3.19 ->
-        # 3.22 (bench/NOTES.md 58)
-        plan = replace(plan, **{field: min(plan.tiles(op) // POOL_DIV, MAX_POOL_CLAIMS - workers)
-                                for op, field in POOL_FIELDS.items() if plan.tiles(op) >= POOL_MIN_TILES * workers})
-    if short_b1_mlp(plan, workers) and not plan.BATCHED:
-        # The tape places gate/up by when its workers get there (scheduler.graph.lagged): the O
-        # projection's workers get the fewest tiles and the others one more, the first loaded during
-        # attention, so a tile takes the whole register budget (0.6b: 8 rows of gate and of up, one
-        # tile on each O worker, two on most others). H100, max_seq_len 392: 0.698-0.701 ms/token
-        # against 0.717-0.721 with 4-row tiles placed evenly (3 a worker); 8-row tiles placed evenly
-        # (two on 192 workers) 0.721-0.723 (bench/NOTES.md 63)
-        plan = replace(plan, R_GU=r_gu_max)
-    if nsplit > 1 and _cdiv(max_seq_len, nsplit - 1) <= block_s and short:
-        # Split 0 takes the new position alone (instructions/attention.py), so its norm, RoPE,
-        # append and score run beside the cached blocks' math, not after one: where every cached
-        # split is still one block with one split fewer for them, and the layers are short enough
-        # for attention's stage to count (H100: 0.6b 0.734 -> 0.731 ms; 1.7b and 4b 0.1-0.3% slower,
-        # their register allocation, bench/NOTES.md 59). A longer context keeps all NSPLIT splits
-        # for the cache, whose blocks then dwarf the new token.
-        plan = replace(plan, ATTN_NEW=1)
-    return plan
+    """Tile sizes for ``cfg`` at ``batch_size`` and ``max_seq_len`` on ``workers`` workers: the base
+    plan with ``PLAN_RULES`` applied (``plan_and_rules`` says which fired)."""
+    return plan_and_rules(cfg, batch_size, max_seq_len, workers, nsplit, lm_rows, max_bk, num_warps)[0]
 
 
 def short_b1_mlp(plan: Plan, workers: int) -> bool:
-    """Batch 1 with the O projection on at most half the workers and no pools (``make_plan``'s
-    short layers): the balanced megakernel tape then places O, gate/up and down by when their
-    workers get there (``scheduler.graph.lagged``), and gate/up tiles take a tile's whole register
-    budget."""
+    """Batch 1 with the O projection on at most half the workers and no pools (the plan's
+    o-on-half-the-workers rule without the pools rule): the balanced megakernel tape then places
+    O, gate/up and down by when their workers get there (``scheduler.graph.lagged``)."""
     return (plan.B == 1 and not any(plan.pool(op) for op in POOL_FIELDS)
             and 0 < 2 * plan.tiles(Op.OPROJ) <= workers)
 
@@ -358,18 +349,9 @@ def without_pools(plan: Plan) -> Plan:
 
 def cost(plan: Plan, op: Op, ntiles: int, itemsize: int = 2) -> int:
     """Bytes an instruction of ``ntiles`` tiles reads from memory (weights dominate at batch 1;
-    attention counts the KV cache at full length)."""
-    p = plan
-    per_tile = {
-        Op.EMBED: p.H * itemsize,
-        Op.QKV: p.R_QKV * p.H * itemsize,
-        Op.ATTN: 2 * _cdiv(p.S, p.NSPLIT) * p.D * itemsize,
-        Op.OPROJ: p.R_O * p.HQ * p.D * itemsize,
-        Op.GATEUP: 2 * p.R_GU * p.H * itemsize,
-        Op.DOWN: p.R_DOWN * p.I * itemsize,
-        Op.LMHEAD: p.R_LM * p.H * itemsize,
-        Op.ARGMAX: 8 * p.tiles(Op.LMHEAD),
-        Op.BARRIER: 0,
-        Op.NOOP: 0,
-    }[Op(op)]
-    return per_tile * ntiles
+    attention counts the KV cache at full length). Control words (NOOP, BARRIER) read nothing."""
+    k = _BY_OP.get(op)
+    return k.tile_bytes(plan, itemsize) * ntiles if k else 0
+
+
+_BY_OP = {Op[k.name]: k for k in KINDS}

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from .graph import Tape, build_stages
+from .kinds import KINDS
 from .ops import Instr, Op, Plan
 
 MAX_REPORTED = 5
@@ -92,8 +93,8 @@ def validate(tape, plan: Plan | None = None, mode: str | None = None, counter_na
 
 def _check_fields(lists, plan: Plan, num_counters):
     bad = []
-    ntiles = {op: plan.tiles(op) for op in Op if op not in (Op.NOOP, Op.BARRIER)}
-    per_layer = (Op.QKV, Op.ATTN, Op.OPROJ, Op.GATEUP, Op.DOWN)
+    ntiles = {Op[k.name]: plan.tiles(k.opcode) for k in KINDS}
+    per_layer = {Op[k.name] for k in KINDS if k.per_layer}
     for w, lst in enumerate(lists):
         for i, ins in enumerate(lst):
             if not isinstance(ins, Instr):

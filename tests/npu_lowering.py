@@ -41,13 +41,15 @@ def lower_all(arch: str, model: str, workers: int, max_seq_len: int) -> dict[str
     from triton.compiler.compiler import ASTSource
     from triton._C.libtriton import ir
 
+    from megakernel.buffers import kernel_params
     from megakernel.compile_check import _type, record_launches
 
     backend = AscendBackend(GPUTarget("npu", arch, 0))
     out: dict[str, dict] = {}
-    for fn, args, kwargs in record_launches(model, workers, 1, max_seq_len, torch.bfloat16, prefetch_tape=False):
-        consts = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "launch_cooperative_grid")}
-        sig = {name: ("constexpr" if name in consts else _type(args[i])) for i, name in enumerate(fn.arg_names)}
+    for fn, kwargs in record_launches(model, workers, 1, max_seq_len, torch.bfloat16, prefetch_tape=False):
+        params = kernel_params(fn)
+        consts = {name: kwargs[name] for name, const in params if const}
+        sig = {name: ("constexpr" if const else _type(kwargs[name])) for name, const in params}
         name = fn.__name__
         if name in out and out[name]["lowers"]:
             continue

@@ -166,14 +166,14 @@ def test_step_state_dtypes_and_layout(tiny_checkpoint, dtype):
     """qkv, attn and act are stored in the weights' dtype (bf16 on a GPU, as transformers keeps
     them: half the bytes their readers load), x and the attention partials in float32; x, attn,
     the counters, act and qkv share the hot allocation, each from a chunk 1 (mod 4) of 4 KB."""
-    from megakernel.backends import StepState, tile_plan
+    from megakernel.backends import step_buffers, tile_plan
     tiny = tiny_checkpoint(hidden=256, intermediate=768, heads=8, kv_heads=2, head_dim=32)
     model = load_model(str(tiny.folder), device="cpu", dtype=dtype, progress=False)
     mk = MegaQwen3(model, max_seq_len=32, backend="reference")
-    st = StepState.allocate(mk, tile_plan(mk, 4), sync_words=100)
+    st = step_buffers(mk, tile_plan(mk, 4), counters=100)
     assert st.x.dtype == st.opart.dtype == st.ml.dtype == st.logits.dtype == torch.float32
     assert st.qkv.dtype == st.attn.dtype == st.act.dtype == dtype
-    _assert_hot_layout([st.x, st.attn, st.sync, st.act, st.qkv])
+    _assert_hot_layout([st.x, st.attn, st.counters, st.act, st.qkv])
 
 
 def test_pools_match_reference(tiny_checkpoint, seed):

@@ -77,3 +77,21 @@ def test_cli_bad_config(tmp_path, capsys):
     assert main(["--model", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "not valid JSON" in err[0]
+
+
+def test_cli_defaults_to_the_runtimes_workers_and_explains_the_plan(capsys):
+    """Without --workers the CLI prints the tape the runtime runs on an H100 (2 x 132 workers), and
+    --explain names the plan rules that fired, each with the fields it set and its reason."""
+    from megakernel.tape import main
+    from scheduler.ops import PLAN_RULES, WORKERS_PER_SM, plan_and_rules
+    from models.qwen3.config import PRESETS
+    assert main(["--model", "8b", "--explain", "--max-seq-len", "392"]) == 0
+    out = capsys.readouterr().out
+    assert f"workers {WORKERS_PER_SM * 132}" in out
+    _, fired = plan_and_rules(PRESETS["8b"], 1, 392, WORKERS_PER_SM * 132)
+    assert {r.name for r, _ in fired} == {"splits-by-context", "balanced-gateup", "half-down-tiles", "pools"}
+    for rule, fields in fired:
+        assert f"  {rule.name}: " in out and rule.why in out
+    for rule in PLAN_RULES:
+        if rule not in [r for r, _ in fired]:
+            assert f"  {rule.name}: " not in out

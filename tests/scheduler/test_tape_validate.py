@@ -130,7 +130,7 @@ def test_random_shapes_validate(cfg, batch, workers, seq, strategy, mode):
 
 
 def test_scheduler_imports_no_triton():
-    code = ("import sys; import scheduler, scheduler.ops, scheduler.graph, scheduler.validate, scheduler.vm; "
+    code = ("import sys; import scheduler, scheduler.kinds, scheduler.ops, scheduler.graph, scheduler.validate; "
             "bad = [m for m in sys.modules if m == 'triton' or m.startswith(('triton.', 'instructions', "
             "'megakernel'))]; assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -462,16 +462,18 @@ def test_lagged_mlp_placement(seq):
 def test_batch1_down_tiles(size, workers):
     """At batch 1 a down chunk holds half the weights the register budget allows where a down row
     takes more than two chunks (half the bytes in flight at its wait; docs/performance.md, "GEMV tile sizes"), the
-    whole budget where it takes one or two (0.6b, 1.7b); batches keep the full tile. Where the
-    down rows are longer than four chunks (14b, 32b) that half is cut half as wide and twice as
-    tall (the same section)."""
-    b1, b2 = make_plan(PRESETS[size], 1, 392, workers), make_plan(PRESETS[size], 2, 392, workers)
-    long_rows = PRESETS[size].intermediate_size > 4 * b2.BK_I
+    whole budget where it takes one or two (0.6b, 1.7b). Where the down rows are longer than four
+    chunks (14b, 32b) that half is cut half as wide and twice as tall."""
+    from scheduler.ops import _rows
+    cfg = PRESETS[size]
+    b1, b2 = make_plan(cfg, 1, 392, workers), make_plan(cfg, 2, 392, workers)
+    full = _rows(cfg.hidden_size, cfg.intermediate_size, workers)      # the whole register budget
+    long_rows = cfg.intermediate_size > 4 * b2.BK_I
     assert long_rows == (size in ("14b", "32b"))
-    halved = PRESETS[size].intermediate_size > 2 * b2.BK_I
+    halved = cfg.intermediate_size > 2 * b2.BK_I
     assert halved == (size not in ("0.6b", "1.7b"))
     assert b1.BK_I == (b2.BK_I // 2 if long_rows else b2.BK_I)
-    assert b1.R_DOWN * b1.BK_I == (max(1, b2.R_DOWN // 2) if halved else b2.R_DOWN) * b2.BK_I
+    assert b1.R_DOWN * b1.BK_I == (max(1, full // 2) if halved else full) * b2.BK_I
     assert b1.R_DOWN * b1.BK_I <= 16384
     validate(build_tape(b1, workers))
 
@@ -556,10 +558,10 @@ def test_new_position_split_at_short_contexts(size, workers):
 def test_short_layers_split_on_every_worker(size, workers):
     """Where a layer's weights are under ATTN_NEW_MAX_BYTES a worker (0.6b) a batch-1 plan gives every
     worker an attention split whatever max_seq_len (the splits past the context are empty) and O tiles
-    of twice the rows, where the registers allow (docs/performance.md, "Attention"): at 264 workers half the workers
-    hold one. Other sizes, and batches, keep splits capped by the blocks of max_seq_len and the O
-    tiles of a batch of two."""
-    from scheduler.ops import TILE_ELEMS
+    of twice the rows, where the registers allow: at 264 workers half the workers hold one. Other
+    sizes, and batches, keep splits capped by the blocks of max_seq_len and the O tiles the register
+    budget gives (batches: ``batched_rows``)."""
+    from scheduler.ops import TILE_ELEMS, _rows, batched_rows
     cfg = PRESETS[size]
     short = size == "0.6b"
     splits = 1 << (workers // cfg.num_key_value_heads).bit_length() - 1
@@ -567,7 +569,7 @@ def test_short_layers_split_on_every_worker(size, workers):
         plan = make_plan(cfg, batch, seq, workers)
         capped = min(splits // batch, 1 << (-(-seq // plan.BLOCK_S) - 1).bit_length())
         assert plan.NSPLIT == (splits if short and batch == 1 else capped), (batch, seq)
-        r_o = make_plan(cfg, 2, seq, workers).R_O
+        r_o = _rows(cfg.hidden_size, cfg.q_size, workers) if batch == 1 else batched_rows(cfg.hidden_size, workers)
         if short and batch == 1:
             assert plan.R_O == min(2 * r_o, TILE_ELEMS // plan.BK_Q), seq
             if workers == 264:

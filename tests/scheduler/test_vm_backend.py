@@ -138,7 +138,7 @@ def test_vm_matches_hf(tiny_checkpoint):
 
 def test_vm_reports_stuck_instructions(models):
     """A tape that deadlocks stops the VM with the cycle named, instead of looping forever."""
-    from scheduler.vm import VMError
+    from megakernel.vm import VMError
     _, _, mk = run(models("g5-untied"), "vm", 1, steps=1, num_workers=2, strategy="round-robin")
     vm = mk.backend
     lists = [list(lst) for lst in vm.tape.workers]
@@ -151,7 +151,7 @@ def test_vm_reports_stuck_instructions(models):
 
 def test_vm_checks_its_tape(models, monkeypatch):
     """The backend validates the tape it builds (a broken build_tape fails at construction)."""
-    import scheduler.vm as vm_module
+    import megakernel.vm as vm_module
     from megakernel import MegaQwen3
     from scheduler.validate import TapeError
     real = vm_module.build_tape

@@ -1,22 +1,22 @@
 """The ``vm`` backend: a pure-torch interpreter of the instruction tape.
 
 It runs the very tape the persistent kernel would (same plan, same assignment, same counters),
-but each instruction is the torch reference of its kind (``instructions.<kind>.<kind>_ref``) and
-the workers are interleaved on the host: round-robin, each advancing while its next instruction's
+but each instruction is the torch reference of its kind (``instructions.registry``) and the
+workers are interleaved on the host: round-robin, each advancing while its next instruction's
 wait is satisfied. A tape that computes the wrong thing or cannot finish therefore fails here, on
 the CPU, with the stuck instructions named, instead of hanging a GPU.
-
-Importing this module imports no Triton: the instruction modules (which define Triton kernels
-next to their references) and the step state are imported when a backend is built.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from .graph import Tape, build_tape
-from .ops import Op, make_plan
-from .validate import run_workers, stuck_report, validate
+from instructions.registry import DEVICE_KINDS
+from scheduler.graph import Tape, build_tape
+from scheduler.ops import Op, make_plan
+from scheduler.validate import run_workers, stuck_report, validate
+
+from .backends import step_buffers
 
 
 class VMError(RuntimeError):
@@ -25,10 +25,7 @@ class VMError(RuntimeError):
 
 def reference_kernels() -> dict:
     """Op -> the torch reference of its tiles, ``fn(state, plan, layer, t0, t1)``."""
-    from instructions import argmax, attention, embed, matvec, qkv
-    return {Op.EMBED: embed.embed_ref, Op.QKV: qkv.qkv_ref, Op.ATTN: attention.attention_ref,
-            Op.OPROJ: matvec.oproj_ref, Op.GATEUP: matvec.gateup_ref,
-            Op.DOWN: matvec.down_ref, Op.LMHEAD: matvec.lmhead_ref, Op.ARGMAX: argmax.argmax_ref}
+    return {op: k.reference for op, k in DEVICE_KINDS.items()}
 
 
 class VMBackend:
@@ -36,8 +33,6 @@ class VMBackend:
 
     def __init__(self, mk, num_workers: int | None = 1, strategy: str = "balanced", mode: str = "megakernel",
                  check: bool = True, plan_overrides: dict | None = None, **_):
-        from megakernel.backends import StepState
-
         self.mk = mk
         workers = num_workers or 1
         plan = replace(make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers), **(plan_overrides or {}))
@@ -45,7 +40,7 @@ class VMBackend:
         self.plan = self.tape.plan      # a superkernel tape's is without pools
         if check:
             validate(self.tape)
-        self.st = StepState.allocate(mk, self.plan)
+        self.st = step_buffers(mk, self.plan)
         self.kernels = reference_kernels()
         self.counters: dict[int, int] = {}
         self.steps = 0

@@ -1,0 +1,22 @@
+"""The device half of an instruction kind, which each ``instructions/<module>.py`` declares.
+
+The plain-data half (opcode, tiles, bytes per tile, pool) is the kind's row in
+``scheduler.kinds``; ``instructions.registry`` pairs every row with the ``DeviceKind`` its module
+declares in ``KINDS``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class DeviceKind:
+    op: int                     # scheduler.kinds.Op
+    tile: object                # @triton.jit tile function the persistent kernel dispatches to
+    kernel: object              # @triton.jit per-op kernel: one program per tile of a stage
+    reference: Callable         # torch version of tiles [t0, t1): fn(st, plan, layer, t0, t1)
+    reads: tuple[str, ...]      # step buffers (``megakernel.buffers.SPEC``) its tiles read
+    writes: tuple[str, ...]     # ... and write
+    num_warps: int | None = None    # the per-op kernel's warps, where fixed (else the backend's)

@@ -1,0 +1,38 @@
+"""make_plan's rules: each fires for some preset (none is dead), each sets only plan fields, and the
+plan is the base plan with exactly the fired rules' fields applied in order."""
+
+import dataclasses
+import itertools
+
+from models.qwen3.config import PRESETS
+from scheduler.ops import PLAN_RULES, Plan, make_plan, plan_and_rules
+
+FIELDS = {f.name for f in dataclasses.fields(Plan)}
+
+
+def test_every_rule_fires_somewhere_and_sets_plan_fields():
+    fired = set()
+    for size, batch, seq, workers in itertools.product(PRESETS, (1, 2), (64, 392, 8192), (264, 132)):
+        plan, rules = plan_and_rules(PRESETS[size], batch, seq, workers)
+        assert plan == make_plan(PRESETS[size], batch, seq, workers)
+        for rule, fields in rules:
+            assert fields and set(fields) <= FIELDS, rule.name
+            fired.add(rule.name)
+    assert fired == {r.name for r in PLAN_RULES}
+
+
+def test_rules_are_named_once_with_a_one_line_reason():
+    names = [r.name for r in PLAN_RULES]
+    assert len(names) == len(set(names))
+    assert all(r.why and "\n" not in r.why and len(r.why) <= 110 for r in PLAN_RULES)
+
+
+def test_fired_fields_are_what_differs_from_the_base_plan():
+    """The fields a plan has besides its base plan's are among those its fired rules set."""
+    from scheduler.ops import MAX_BK, TILE_ELEMS, PlanInputs, _base_plan
+    for size in ("0.6b", "8b"):
+        plan, rules = plan_and_rules(PRESETS[size], 1, 392, 264)
+        base = _base_plan(PlanInputs(PRESETS[size], 1, 392, 264, MAX_BK, TILE_ELEMS, False,
+                                     short=size == "0.6b"), None, None)
+        changed = {k for k in FIELDS if getattr(base, k) != getattr(plan, k)}
+        assert changed and changed <= set().union(*(set(f) for _, f in rules))
