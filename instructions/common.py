@@ -463,6 +463,7 @@ def batch_tiles(t0, t1, w_ptr, w2_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cn
     After the wait on the input, one flat pipelined loop over (tile, K-chunk), so the pipeline
     does not drain between tiles. (Asking for the first chunk before the wait, as the batch-1 tiles
     do, did not pay here: more spills; docs/performance.md.) Returns the wait's last counter value."""
+    # (the plan refuses batches above 128 and cuts tiles at 128 rows: ops.MAX_BATCH, BATCH_MAX_ROWS)
     B_PAD: tl.constexpr = 16 if B <= 16 else 32 if B <= 32 else 64 if B <= 64 else 128
     R_PAD: tl.constexpr = 16 if R <= 16 else 32 if R <= 32 else 64 if R <= 64 else 128
     KP: tl.constexpr = 16 if K <= 16 else 32 if K <= 32 else 64 if K <= 64 else 128 if K <= 128 else \

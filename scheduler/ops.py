@@ -150,6 +150,9 @@ class Plan:
 # are cut into several (the LM head), walked by one pipelined loop.
 BATCH_MAX_ROWS = 128
 BATCH_MIN_ROWS = 16     # tl.dot's N minimum: fewer rows would only pad
+# The batched tile pads the batch to a power of two of at most this many rows
+# (instructions.common.batch_tiles); a larger batch is refused rather than cut short.
+MAX_BATCH = 128
 
 
 def batched_rows(N: int, workers: int, align: int = 8) -> int:
@@ -314,6 +317,8 @@ def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit:
                    lm_rows: int | None = None, max_bk: int = MAX_BK,
                    num_warps: int = 4) -> tuple[Plan, list[tuple[Rule, dict]]]:
     """``make_plan``'s plan, and the rules of ``PLAN_RULES`` that fired with the fields each set."""
+    if not 1 <= batch_size <= MAX_BATCH:
+        raise ValueError(f"batch size {batch_size} is outside what the kernels run: 1 to {MAX_BATCH}")
     x = PlanInputs(cfg, batch_size, max_seq_len, workers, max_bk, TILE_ELEMS * num_warps // 4, nsplit is not None,
                    short=cfg.layer_matrix_params * 2 < ATTN_NEW_MAX_BYTES * workers)
     plan = _base_plan(x, nsplit, lm_rows)

@@ -621,3 +621,12 @@ def test_pool_fields_where_no_pool_or_shared(pooled):
     o = L[w][first(L, Op.OPROJ, layer=0, worker=0)[1]]
     L[w][i] = dataclasses.replace(L[w][i], pool_counter=o.pool_counter)
     rejects(L, pooled, "which OPROJ layer 0 claims from too")
+
+
+def test_batch_beyond_the_tiles_is_refused():
+    """The batched tile pads the batch to at most MAX_BATCH rows: a larger batch is an error, not a
+    batch cut short."""
+    from scheduler.ops import MAX_BATCH
+    make_plan(PRESETS["0.6b"], MAX_BATCH, 392, 264)
+    with pytest.raises(ValueError, match=f"1 to {MAX_BATCH}"):
+        make_plan(PRESETS["0.6b"], MAX_BATCH + 1, 392, 264)
