@@ -11,6 +11,10 @@ Sources, in the order ``resolve_checkpoint`` tries them: a local folder; a size 
 allows. Where none works that is an error that says how to get the checkpoint: weights are never
 substituted. Random weights of the true shapes come only when asked for (``load_random``),
 written once to a cache folder as safetensors so later runs reload them quickly.
+
+Qwen's FP8 checkpoints (``quantization_config`` in config.json, ``*_scale_inv`` block scales beside
+float8_e4m3fn projections; see ``fp8.py``) are checked the same way, from config and headers, and
+for now load dequantized into the requested dtype: the FP8 tiles that would read them are not built.
 """
 
 from __future__ import annotations
@@ -233,7 +237,7 @@ def _check_fp8(f: Path, name: str, info: dict, slot: torch.Tensor | None, block)
         if info.get("shape") != want:
             raise CheckpointError(f"{where} has shape {info.get('shape')}, expected {want} "
                                   f"(one scale per {block[0]}x{block[1]} block of a {list(slot.shape)} weight)")
-    elif name.rsplit(".", 2)[-2] not in PROJECTIONS:
+    elif name.split(".")[-2:-1] not in [[p] for p in PROJECTIONS]:
         raise CheckpointError(f"{where} is float8_e4m3fn; only the linear projections may be FP8 "
                               f"(embeddings, the LM head and norms stay bf16)")
 
