@@ -11,6 +11,10 @@ Sources, in the order ``resolve_checkpoint`` tries them: a local folder; a size 
 allows. Where none works that is an error that says how to get the checkpoint: weights are never
 substituted. Random weights of the true shapes come only when asked for (``load_random``),
 written once to a cache folder as safetensors so later runs reload them quickly.
+
+Qwen's FP8 checkpoints (``quantization_config`` in config.json, ``*_scale_inv`` block scales beside
+float8_e4m3fn projections; see ``fp8.py``) are checked the same way, from config and headers, and
+for now load dequantized into the requested dtype: the FP8 tiles that would read them are not built.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 import torch
 
 from .config import DEMO_PRESETS, PRESETS, REPO_IDS, Qwen3Config, size_key
+from .fp8 import UnsupportedQuantization, check_quantization_config, dequantize_blockwise, scale_shape
 
 
 class CheckpointError(ValueError):
@@ -201,6 +206,42 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return files
 
 
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+SCALE_SUFFIX = "_scale_inv"
+
+
+def fp8_block(folder: Path) -> tuple[int, int] | None:
+    """The FP8 weight block of the checkpoint in ``folder`` from its config.json's
+    quantization_config (None: not quantized); any other quantization is a CheckpointError."""
+    path = folder / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None     # no config.json, or a damaged one that Qwen3Config.from_json reports
+    try:
+        return check_quantization_config(raw if isinstance(raw, dict) else {})
+    except UnsupportedQuantization as e:
+        raise CheckpointError(f"{path}: {e}") from None
+
+
+def _check_fp8(f: Path, name: str, info: dict, slot: torch.Tensor | None, block) -> None:
+    """An FP8 tensor's header: a projection weight in float8_e4m3fn, or its float32 scale_inv of
+    one scale per block, in a checkpoint whose config.json declares FP8."""
+    where = f"{f}: tensor {name}"
+    if block is None:
+        raise CheckpointError(f"{where} is {info.get('dtype')}, but config.json has no FP8 quantization_config")
+    if name.endswith(SCALE_SUFFIX):
+        if info.get("dtype") not in ("F32", "BF16", "F16"):
+            raise CheckpointError(f"{where} has dtype {info.get('dtype')}, expected F32 block scales")
+        want = list(scale_shape(*slot.shape, block[0]))
+        if info.get("shape") != want:
+            raise CheckpointError(f"{where} has shape {info.get('shape')}, expected {want} "
+                                  f"(one scale per {block[0]}x{block[1]} block of a {list(slot.shape)} weight)")
+    elif name.split(".")[-2:-1] not in [[p] for p in PROJECTIONS]:
+        raise CheckpointError(f"{where} is float8_e4m3fn; only the linear projections may be FP8 "
+                              f"(embeddings, the LM head and norms stay bf16)")
+
+
 def check_checkpoint(folder: str | Path, cfg: Qwen3Config | None = None) -> dict[Path, dict]:
     """Check a checkpoint folder from its config.json and safetensors headers alone, before any
     weight is read: every file whole, every tensor expected and of the shape config.json implies,
@@ -209,13 +250,23 @@ def check_checkpoint(folder: str | Path, cfg: Qwen3Config | None = None) -> dict
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: no such checkpoint folder")
     cfg = cfg or Qwen3Config.from_json(folder / "config.json")
+    block = fp8_block(folder)
     headers = {f: _read_safetensors_header(f) for f in checkpoint_files(folder)}
     slots = hf_slots(cfg, Qwen3Weights.empty(cfg, torch.float32, "meta"))
     seen: set[str] = set()
+    fp8: set[str] = set()
+    scales: set[str] = set()
     for f, header in headers.items():
         for name, info in header.items():
             if name == "__metadata__" or (name == "lm_head.weight" and cfg.tie_word_embeddings):
                 continue    # tied: some exports store a copy; the embedding is the one read
+            if name.endswith(SCALE_SUFFIX) and name.removesuffix(SCALE_SUFFIX) in slots:
+                _check_fp8(f, name, info, slots[name.removesuffix(SCALE_SUFFIX)], block)
+                scales.add(name.removesuffix(SCALE_SUFFIX))
+                continue
+            if isinstance(info, dict) and info.get("dtype") == "F8_E4M3":
+                _check_fp8(f, name, info, slots.get(name), block)
+                fp8.add(name)
             slot = slots.get(name)
             if slot is None:
                 if name.endswith("rotary_emb.inv_freq"):
@@ -230,6 +281,12 @@ def check_checkpoint(folder: str | Path, cfg: Qwen3Config | None = None) -> dict
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise CheckpointError(f"{folder}: missing weights {', '.join(missing[:3])}{more}")
+    if fp8 != scales:
+        name = sorted(fp8 ^ scales)[0]
+        why = "has no " + name + SCALE_SUFFIX if name in fp8 else "is not float8_e4m3fn but has a " + SCALE_SUFFIX
+        raise CheckpointError(f"{folder}: FP8 weight {name} {why}")
+    if block is not None and not fp8:
+        raise CheckpointError(f"{folder / 'config.json'}: declares FP8 quantization, but no weight is float8_e4m3fn")
     return headers
 
 
@@ -244,8 +301,14 @@ def load_checkpoint(folder: str | Path, dtype=torch.float32, device="cpu",
     folder = Path(folder)
     headers = check_checkpoint(folder, cfg)
     cfg = cfg or Qwen3Config.from_json(folder / "config.json")
+    block = fp8_block(folder)
+    if block is not None:
+        print(f"FP8 checkpoint dequantized to {_DTYPE_NAMES.get(dtype, dtype)} on load; FP8 tiles are not built yet",
+              file=sys.stderr)
     w = Qwen3Weights.empty(cfg, dtype, device)
     slots = hf_slots(cfg, w)
+    # A scale_inv may sit in another shard than its weight.
+    scale_files = {n: f for f, h in headers.items() for n in h if n.endswith(SCALE_SUFFIX)}
     total = sum(len([k for k in h if k != "__metadata__"]) for h in headers.values())
     bar = tqdm(total=total, desc=f"Loading {folder.name}", unit="tensor", disable=not progress,
                file=sys.stderr)
@@ -256,12 +319,28 @@ def load_checkpoint(folder: str | Path, dtype=torch.float32, device="cpu",
                     bar.update(1)
                     slot = slots.get(name)
                     if slot is None:
-                        continue    # checked above: a tied head's copy or rotary_emb.inv_freq
-                    slot.copy_(sf.get_tensor(name).to(dtype))
+                        continue    # checked above: a scale_inv, a tied head's copy or rotary_emb.inv_freq
+                    t = sf.get_tensor(name)
+                    if t.dtype == torch.float8_e4m3fn:
+                        t = dequantize_blockwise(t, _read_tensor(sf, f, scale_files[name + SCALE_SUFFIX],
+                                                                 name + SCALE_SUFFIX), block[0])
+                    slot.copy_(t.to(dtype))
         except Exception as e:  # the safetensors reader's own errors on damaged files
             raise CheckpointError(f"{f}: cannot read ({type(e).__name__}: {e})") from None
     bar.close()
     return cfg, w
+
+
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "float32"}
+
+
+def _read_tensor(sf, sf_file: Path, file: Path, name: str) -> torch.Tensor:
+    """Tensor ``name`` of ``file``, through the already open ``sf`` where that is its file."""
+    from safetensors import safe_open
+    if file == sf_file:
+        return sf.get_tensor(name)
+    with safe_open(str(file), framework="pt", device="cpu") as other:
+        return other.get_tensor(name)
 
 
 def save_checkpoint(folder: str | Path, cfg: Qwen3Config, w: Qwen3Weights, dtype=None) -> Path:

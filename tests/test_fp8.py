@@ -1,0 +1,238 @@
+"""FP8 checkpoints in Qwen's -FP8 format: block quantization and its inverse, loading such a
+checkpoint (dequantized, for now) against transformers on the same dequantized weights, and a
+clear error for every quantization this runtime does not load, before any tensor is allocated."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from megakernel import MegaQwen3, load_model
+from models.qwen3.fp8 import (FP8_MAX, UnsupportedQuantization, check_quantization_config, dequantize_blockwise,
+                              quantize_blockwise)
+from models.qwen3.weights import CheckpointError, Qwen3Weights, load_checkpoint
+
+QWEN_FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Ragged against 128 everywhere: hidden 160, q/kv rows 160/32, intermediate 352.
+SHAPE = dict(hidden=160, intermediate=352, heads=10, kv_heads=2, head_dim=16)
+
+
+def expand(s: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    return s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
+
+
+@pytest.mark.parametrize("n,k", [(128, 128), (300, 200), (1, 129), (257, 96), (40, 640)])
+def test_round_trip_within_e4m3_precision(seed, n, k):
+    g = torch.Generator().manual_seed(seed)
+    # Blocks of very different magnitudes, so a single scale for the tensor would not do.
+    w = torch.randn(n, k, generator=g) * expand(torch.exp(3 * torch.randn(math.ceil(n / 128), math.ceil(k / 128),
+                                                                            generator=g)), n, k)
+    q, s = quantize_blockwise(w)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (n, k)
+    assert s.dtype == torch.float32 and s.shape == (math.ceil(n / 128), math.ceil(k / 128))
+    # Each block's largest magnitude lands on e4m3's largest value, 448 (scale = amax / 448).
+    qf = q.float().abs()
+    for i in range(s.shape[0]):
+        for j in range(s.shape[1]):
+            blk = w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]
+            assert float(qf[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128].max()) == FP8_MAX
+            assert float(s[i, j]) == pytest.approx(float(blk.abs().max()) / FP8_MAX, rel=1e-6)
+    back = dequantize_blockwise(q, s)
+    assert back.dtype == torch.float32 and back.shape == (n, k)
+    # e4m3: 3 mantissa bits, so rounding moves a normal value by at most 2^-4 of itself; below
+    # the smallest normal (2^-6 in scaled units) the step is 2^-9, half of it 2^-10.
+    bound = w.abs() * 2 ** -4 + expand(s, n, k) * 2 ** -10
+    err = (back - w).abs()
+    assert bool((err <= bound * (1 + 1e-6)).all()), f"worst excess {float((err - bound).max()):.3g}"
+    assert float(err.max()) > 0     # the values really went through fp8
+    # Quantizing the dequantized weight again gives the same fp8 values and scales.
+    q2, s2 = quantize_blockwise(back)
+    assert torch.equal(q2.float(), q.float()) and torch.allclose(s2, s, rtol=1e-6)
+
+
+def test_dequantize_multiplies_each_block_by_its_scale():
+    q = torch.tensor([[1.0, -2.0, 0.5]] * 130).to(torch.float8_e4m3fn)      # 130 x 3: two row blocks
+    s = torch.tensor([[0.25], [3.0]])
+    out = dequantize_blockwise(q, s)
+    assert torch.equal(out[:128], torch.tensor([[0.25, -0.5, 0.125]] * 128))
+    assert torch.equal(out[128:], torch.tensor([[3.0, -6.0, 1.5]] * 2))
+    with pytest.raises(ValueError, match=r"expected \[2, 1\]"):
+        dequantize_blockwise(q, torch.ones(1, 1))
+
+
+def test_zero_block_quantizes_to_zero():
+    w = torch.zeros(130, 10)
+    w[129, 3] = 5.0
+    q, s = quantize_blockwise(w)
+    assert torch.isfinite(s).all() and torch.equal(dequantize_blockwise(q, s), w)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints in Qwen's FP8 layout
+
+
+def write_fp8_checkpoint(tiny) -> dict[str, torch.Tensor]:
+    """Rewrite a tiny checkpoint as Qwen's -FP8 checkpoints are: projections in float8_e4m3fn with
+    float32 *_scale_inv, everything else bf16, quantization_config in config.json; two shards,
+    the scales in the second (a loader must follow each scale to its file). Returns the
+    float32 state dict of the weights the files hold."""
+    from safetensors.torch import save_file
+
+    for f in tiny.folder.glob("model*.safetensors*"):
+        f.unlink()
+    shard1, shard2, real = {}, {}, {}
+    for name, t in tiny.hf.state_dict().items():
+        if name == "lm_head.weight" and tiny.hf.config.tie_word_embeddings:
+            continue
+        if any(f".{p}." in name for p in PROJ):
+            q, s = quantize_blockwise(t)
+            shard1[name], shard2[name + "_scale_inv"] = q, s
+            real[name] = dequantize_blockwise(q, s)
+        else:
+            shard1[name] = t.to(torch.bfloat16).contiguous()
+            real[name] = shard1[name].float()
+    files = {"model-00001-of-00002.safetensors": shard1, "model-00002-of-00002.safetensors": shard2}
+    for fname, sd in files.items():
+        save_file(sd, str(tiny.folder / fname), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {n: fname for fname, sd in files.items() for n in sd}}
+    (tiny.folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    set_quantization(tiny.folder, QWEN_FP8)
+    return real
+
+
+def set_quantization(folder, qc):
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = qc
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_fp8_checkpoint_matches_hf_on_dequantized_weights(tiny_checkpoint, seed, capsys, tie):
+    from transformers import Qwen3ForCausalLM
+
+    tiny = tiny_checkpoint(tie=tie, **SHAPE)
+    real = write_fp8_checkpoint(tiny)
+    oracle = Qwen3ForCausalLM(tiny.hf.config).float().eval()
+    missing, unexpected = oracle.load_state_dict(real, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    # The oracle runs on the dequantized weights, not the float32 originals they came from.
+    wq = tiny.hf.model.layers[0].self_attn.q_proj.weight
+    assert not torch.equal(oracle.model.layers[0].self_attn.q_proj.weight, wq)
+
+    model = load_model(str(tiny.folder), device="cpu", dtype=torch.float32, progress=False)
+    assert "FP8 checkpoint dequantized to float32 on load; FP8 tiles are not built yet" in capsys.readouterr().err
+    assert model.weights.tied == tie
+    prompt = torch.randint(0, tiny.vocab_size, (5 + seed % 11,), generator=torch.Generator().manual_seed(seed))
+    mk = MegaQwen3(model, backend="reference", batch_size=1, max_seq_len=len(prompt) + 8)
+    mk.prefill(prompt[None])
+    tokens, logits = [], [mk.logits[0].clone()]
+    for _ in range(4):
+        tokens.append(int(logits[-1].argmax()))
+        mk.step()
+        logits.append(mk.logits[0].clone())
+    with torch.no_grad():
+        ref = oracle(torch.cat([prompt, torch.tensor(tokens)])[None]).logits[0, len(prompt) - 1:]
+    for ours, theirs in zip(logits, ref):
+        assert float((ours - theirs).norm() / theirs.norm()) < 1e-5
+
+
+def test_fp8_checkpoint_loads_dequantized_into_bf16(tiny_checkpoint, capsys):
+    tiny = tiny_checkpoint(**SHAPE)
+    real = write_fp8_checkpoint(tiny)
+    cfg, w = load_checkpoint(tiny.folder, dtype=torch.bfloat16, progress=False)
+    assert "FP8 checkpoint dequantized to bf16 on load; FP8 tiles are not built yet" in capsys.readouterr().err
+    assert w.dtype == torch.bfloat16
+    q, kv, i = cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    p = "model.layers.1."
+    # The fused layout: q|k|v rows and gate|up rows, each from its own dequantized projection.
+    assert torch.equal(w.wqkv[1, q:q + kv], real[p + "self_attn.k_proj.weight"].bfloat16())
+    assert torch.equal(w.wgate_up[1, i:], real[p + "mlp.up_proj.weight"].bfloat16())
+    assert torch.equal(w.wdown[1], real[p + "mlp.down_proj.weight"].bfloat16())
+
+
+UNSUPPORTED = {
+    "block-64": ({**QWEN_FP8, "weight_block_size": [64, 64]}, "FP8 with 64x64 weight blocks"),
+    "per-tensor": ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "per-tensor FP8"),
+    "static-act": ({**QWEN_FP8, "activation_scheme": "static"}, "static activation scales"),
+    "e5m2": ({**QWEN_FP8, "fmt": "e5m2"}, 'format "e5m2"'),
+    "per-channel": ({"quant_method": "compressed-tensors", "format": "float-quantized",
+                     "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                         "num_bits": 8, "type": "float", "strategy": "channel"}}}},
+                    "compressed-tensors quantization .*8-bit float weights, strategy channel"),
+    "fbgemm": ({"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0}, "fbgemm per-channel FP8"),
+    "awq": ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm"}, 'AWQ .*"awq", 4-bit'),
+    "gptq": ({"quant_method": "gptq", "bits": 8, "group_size": 128}, 'GPTQ .*"gptq", 8-bit'),
+    "bnb": ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "bitsandbytes .*4-bit"),
+    "unknown": ({"quant_method": "squeezed", "bits": 3}, 'unknown quant_method "squeezed"'),
+    "no-method": ({"bits": 4}, "no quant_method"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNSUPPORTED))
+def test_unsupported_quantization_is_one_clear_error(case):
+    qc, what = UNSUPPORTED[case]
+    with pytest.raises(UnsupportedQuantization, match=what) as e:
+        check_quantization_config({"quantization_config": qc})
+    assert "\n" not in str(e.value) and "supported: FP8 e4m3 with 128x128 weight blocks" in str(e.value)
+
+
+def test_qwen_format_is_accepted():
+    assert check_quantization_config({"quantization_config": QWEN_FP8}) == (128, 128)
+    assert check_quantization_config({"hidden_size": 8}) is None
+
+
+@pytest.fixture
+def no_allocation(monkeypatch):
+    """Fails a test that allocates the model's weights (anything but the meta-device shapes)."""
+    real_empty = Qwen3Weights.empty
+
+    def empty(cfg, dtype, device):
+        assert str(device) == "meta", "weights were allocated before the checkpoint was refused"
+        return real_empty(cfg, dtype, device)
+
+    monkeypatch.setattr(Qwen3Weights, "empty", staticmethod(empty))
+
+
+@pytest.mark.parametrize("case", ["block-64", "per-tensor", "awq", "per-channel", "unknown"])
+def test_unsupported_checkpoint_fails_before_allocating(tiny_checkpoint, no_allocation, case):
+    tiny = tiny_checkpoint(**SHAPE)
+    write_fp8_checkpoint(tiny)
+    qc, what = UNSUPPORTED[case]
+    set_quantization(tiny.folder, qc)
+    with pytest.raises(CheckpointError, match=what) as e:
+        load_model(str(tiny.folder), device="cpu", progress=False)
+    assert str(tiny.folder / "config.json") in str(e.value)
+
+
+def test_damaged_fp8_checkpoints_fail_from_headers(tiny_checkpoint, no_allocation):
+    from safetensors.torch import load_file, save_file
+
+    tiny = tiny_checkpoint(**SHAPE)
+    write_fp8_checkpoint(tiny)
+    scales_file = tiny.folder / "model-00002-of-00002.safetensors"
+    scales = load_file(str(scales_file))
+    name = "model.layers.1.mlp.down_proj.weight_scale_inv"
+
+    bad = dict(scales, **{name: torch.ones(2, 2)})     # down is [160, 352]: scales [2, 3]
+    save_file(bad, str(scales_file))
+    with pytest.raises(CheckpointError, match=r"down_proj.weight_scale_inv has shape \[2, 2\], expected \[2, 3\]"):
+        load_model(str(tiny.folder), device="cpu", progress=False)
+
+    save_file({k: v for k, v in scales.items() if k != name}, str(scales_file))
+    index = json.loads((tiny.folder / "model.safetensors.index.json").read_text())
+    del index["weight_map"][name]
+    (tiny.folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"FP8 weight model.layers.1.mlp.down_proj.weight has no "):
+        load_model(str(tiny.folder), device="cpu", progress=False)
+
+    # FP8 tensors under a config.json that does not declare FP8.
+    save_file(scales, str(scales_file))
+    cfg = json.loads((tiny.folder / "config.json").read_text())
+    del cfg["quantization_config"]
+    (tiny.folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="F8_E4M3, but config.json has no FP8 quantization_config"):
+        load_model(str(tiny.folder), device="cpu", progress=False)
