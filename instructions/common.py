@@ -434,14 +434,15 @@ def _batch_epilogue(acc3, acc3_2, ss2, row0, row_end, out_ptr, aux_ptr, eps, B: 
     """A ``batch_tiles`` tile's outputs from its K-sliced accumulators (``mac_dot``)."""
     acc = tl.sum(acc3, axis=0)
     if NORM:
-        acc = acc * (1.0 / tl.sqrt(tl.sum(ss2, axis=0) / K + eps))[:, None]
+        rstd = (1.0 / tl.sqrt(tl.sum(ss2, axis=0) / K + eps))[:, None]     # each input row's 1/rms
+        acc = acc * rstd
     rows, ok = batch_mask(acc, row0, row_end, B, R)
     bb = tl.arange(0, acc.shape[0])
     offs = bb[:, None] * N + rows[None, :]
     if EPI == GATEUP:
         up = tl.sum(acc3_2, axis=0)
         if NORM:
-            up = up * (1.0 / tl.sqrt(tl.sum(ss2, axis=0) / K + eps))[:, None]
+            up = up * rstd
         acc = acc / (1.0 + tl.exp(-acc)) * up
     if EPI == RESIDUAL:
         acc += tl.load(out_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg")
