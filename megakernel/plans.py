@@ -119,13 +119,16 @@ class Entry:
             opts["workers_per_sm"] = self.workers_per_sm
         return opts
 
-    def describe(self) -> str:
+    def changes(self) -> str:
+        """What this plan changes from the rules' one."""
         moved = " ".join(f"{k}={v}" for k, v in sorted(self.fields.items()))
         extra = [f"strategy {self.strategy}"] if self.strategy != "balanced" else []
         if self.workers_per_sm not in (None, 2):
             extra.append(f"{self.workers_per_sm} workers per SM")
-        what = ", ".join(x for x in [moved] + extra if x) or "the rules' plan"
-        return f"{what} ({self.tuned_ms:.3f} ms/step against the rules' {self.rules_ms:.3f})"
+        return ", ".join(x for x in [moved] + extra if x) or "the rules' plan"
+
+    def describe(self) -> str:
+        return f"{self.changes()} ({self.tuned_ms:.3f} ms/step against the rules' {self.rules_ms:.3f})"
 
     def to_json(self) -> dict:
         d = asdict(self)

@@ -372,7 +372,7 @@ class Tuner:
                 if best != center and self.clock() < deadline:
                     improved = True
             rules_ms, best_ms_ = self._confirm(rules, best)
-            if best_ms_ >= rules_ms:
+            if best != rules and best_ms_ >= rules_ms:
                 self.log(f"  the winner ({best.describe()}) measured {best_ms_:.4f} ms/step against the rules' "
                          f"{rules_ms:.4f} when checked again: keeping the rules' plan")
                 best, best_ms_ = rules, rules_ms
@@ -525,7 +525,7 @@ def main(argv=None) -> int:
             e = out.entry
             gain = 100 * (e.rules_ms / e.tuned_ms - 1) if e and e.tuned_ms else 0.0
             print(f"batch {e.key.batch}  context {e.key.context}  rules {e.rules_ms:.4f} ms/step  tuned "
-                  f"{e.tuned_ms:.4f} ms/step  ({gain:+.1f}%)  {e.describe()}")
+                  f"{e.tuned_ms:.4f} ms/step  ({gain:+.1f}%)  {e.changes()}")
         return 0
 
     return cli.run(body)
