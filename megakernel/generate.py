@@ -103,6 +103,9 @@ def build_parser() -> cli.Parser:
                    help="weight and KV-cache dtype (default: bfloat16 on an accelerator, float32 on the CPU)")
     g.add_argument("--max-seq-len", type=cli.at_least(2), default=None,
                    help="KV-cache positions per sequence (default: the longest prompt + --max-new-tokens)")
+    g.add_argument("--plan", choices=("auto", "rules", "tuned"), default="auto",
+                   help="the kernels' tile plan: tuned (from python -m megakernel.tune's cache), rules, or auto "
+                        "(tuned where cached for this device, model, batch and max_seq_len, else rules)")
     p.add_argument("--json", action="store_true",
                    help="stdout as JSON lines: one object per sequence as it finishes, then a summary")
     return p
@@ -286,16 +289,18 @@ def run(args) -> dict:
     check_memory(dev, cfg.num_parameters() * dtype.itemsize + kv,
                  f"{source.name} in {str(dtype).removeprefix('torch.')} with a KV cache of {B} x {max_seq_len}")
 
+    from . import plans
+    plans.choose(args.plan, dev, cfg, dtype, B, max_seq_len, backend, args.model)    # a missing tuned plan: now
     t0 = time.perf_counter()
     model = source.load(dev, dtype, progress=sys.stderr.isatty())
     print(f"Loaded {args.model}: {cfg.num_parameters() / 1e6:,.1f} M parameters, {model.dtype}, {dev}, "
           f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=B, backend=backend)
+    mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=B, backend=backend, plan=args.plan)
     mode = {"megakernel": "persistent kernel, counter waits", "superkernel": "persistent kernel, grid barriers",
             "per-op": "phase launches, one per stage"}.get(backend)
     lengths = f"{longest} tokens" if B == 1 else f"{B} prompts of {min(map(len, prompts))}-{longest} tokens"
-    print(f"Backend {backend}{f' ({mode})' if mode else ''}; prompt {lengths}; max_seq_len {max_seq_len}",
-          file=sys.stderr)
+    print(f"Backend {backend}{f' ({mode})' if mode else ''}; plan: {mk.plan_choice.label}; prompt {lengths}; "
+          f"max_seq_len {max_seq_len}", file=sys.stderr)
     stops = set(stop_token_ids(model.checkpoint, cfg))
     seqs = [_Sequence(i, model.tokenizer, p, not args.chat, stops, n) for i, p in enumerate(prompts)]
     out = _Output(seqs, args.json)
@@ -306,7 +311,8 @@ def run(args) -> dict:
     out.end()
     summary = {"model": args.model, "backend": backend, "device": str(dev),
                "dtype": str(model.dtype).removeprefix("torch."), "random_weights": model.random_weights,
-               "batch_size": B, "max_seq_len": max_seq_len, "sequences": [s.summary() for s in seqs]}
+               "batch_size": B, "max_seq_len": max_seq_len, **mk.plan_choice.record(),
+               "sequences": [s.summary() for s in seqs]}
     summary.update(timings(t_start, out.times, B))
     prefill = f"{longest} prompt tokens" if B == 1 else f"{B} prompts, {sum(map(len, prompts))} tokens"
     print(f"Time to first token: {summary['ttft_ms']:.1f} ms (prefill of {prefill})", file=sys.stderr)

@@ -6,7 +6,9 @@ Every row carries the run it came from (``run``, ``time``, ``command``, ``device
 ``git_commit``, ``git_dirty``), the setting (``model``, ``weights``, ``dtype``, ``batch_size``,
 ``prompt_len``, ``new_tokens``, ``max_seq_len``) and the measurements (``ms_per_step``: the median
 decode step of the whole batch; ``prefill_ms``; ``pct_of_floor``; ...; ``error`` where the backend
-failed). ``ROW_FIELDS`` lists them all.
+failed), and the plan its kernels ran (``plan``: ``rules`` or ``tuned``, None for a backend that runs
+no tape and in rows from before the tuner; ``plan_tuned_at``; ``plan_fields``, what the tuned plan
+changed). ``ROW_FIELDS`` lists them all.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ CONFIG_FIELDS = ("batch_size", "prompt_len", "new_tokens", "max_seq_len")
 MEASURE_FIELDS = ("backend", "implementation", "ms_per_step", "ms_per_step_p10", "ms_per_step_p90", "tokens_per_s",
                   "ratio_to_batch1", "prefill_ms", "prompt_tokens_per_s", "ttft_ms", "floor_ms", "pct_of_floor",
                   "bytes_per_step", "gbps", "speedup_vs_megakernel", "token_agreement", "tokens_match",
-                  "compile_s", "setup_s", "steps_per_launch", "cuda_graphs", "cudagraph_skip", "error")
+                  "compile_s", "setup_s", "steps_per_launch", "cuda_graphs", "cudagraph_skip", "plan", "plan_tuned_at",
+                  "plan_fields", "error")
 ROW_FIELDS = RUN_FIELDS + CONFIG_FIELDS + MEASURE_FIELDS
 BACKEND_ORDER = ("megakernel", "cuda-graph", "torch-compile", "hf-compile", "superkernel", "per-op", "hf", "reference")
 CODE_PATHS = ("megakernel", "instructions", "scheduler", "models", "pyproject.toml")
@@ -118,24 +121,32 @@ def _is_cpu(row) -> bool:
     return str(row.get("device", "")).startswith("cpu")
 
 
+def column(row: dict) -> str:
+    """A row's column in the headline: its backend, with " tuned" where it ran a tuned plan (rows
+    from before the tuner, and rules plans, are the backend's own column)."""
+    return row["backend"] + (" tuned" if row.get("plan") == "tuned" else "")
+
+
 def headline(rows: list[dict], include_cpu: bool = False) -> list[dict]:
-    """The latest decode measurement per (device, model, dtype, batch, backend): rows with a
-    ms/step and no error, from the latest run that has one; within that run, its shortest prompt
-    (the headline is decode speed at short context; longer ones go to the plots)."""
+    """The latest decode measurement per (device, model, dtype, batch, backend and plan): rows
+    with a ms/step and no error, from the latest run that has one; within that run, its shortest
+    prompt (the headline is decode speed at short context; longer ones go to the plots)."""
     best: dict[tuple, dict] = {}
     for r in rows:
         if r.get("ms_per_step") is None or r.get("error") or (_is_cpu(r) and not include_cpu):
             continue
-        key = (r["device"], r["model"], r["dtype"], r["batch_size"], r["backend"])
+        key = (r["device"], r["model"], r["dtype"], r["batch_size"], column(r))
         old = best.get(key)
         if old is None or (r["time"], -r["prompt_len"]) > (old["time"], -old["prompt_len"]):
             best[key] = r
     return sorted(best.values(), key=lambda r: (r["device"], r["model"], r["dtype"], r["batch_size"],
-                                                _backend_rank(r["backend"])))
+                                                _backend_rank(column(r))))
 
 
-def _backend_rank(name: str) -> int:
-    return BACKEND_ORDER.index(name) if name in BACKEND_ORDER else len(BACKEND_ORDER)
+def _backend_rank(name: str) -> tuple:
+    """Order of the columns: BACKEND_ORDER, a backend's tuned column right after its own."""
+    base, tuned = name.removesuffix(" tuned"), name.endswith(" tuned")
+    return (BACKEND_ORDER.index(base) if base in BACKEND_ORDER else len(BACKEND_ORDER), tuned)
 
 
 def _model_key(name: str):
@@ -151,12 +162,14 @@ def headline_markdown(rows: list[dict], include_cpu: bool = False) -> str:
     if not picked:
         return "_No recorded runs yet: `python -m megakernel.bench --record bench/results.jsonl` on a GPU, then " \
                "`python -m bench.render`._"
-    backends = sorted({r["backend"] for r in picked}, key=_backend_rank)
+    backends = sorted({column(r) for r in picked}, key=_backend_rank)
     groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in picked:
-        groups[(r["device"], r["model"], r["dtype"], r["batch_size"])][r["backend"]] = r
+        groups[(r["device"], r["model"], r["dtype"], r["batch_size"])][column(r)] = r
+    tuned = "megakernel tuned" in backends
     head = ["device", "model", "dtype", "batch", "prompt + new", "floor ms"] + \
-        [f"{b} ms/step" for b in backends] + ["megakernel % of floor", "runs"]
+        [f"{b} ms/step" for b in backends] + ["megakernel % of floor"] + \
+        (["megakernel tuned % of floor"] if tuned else []) + ["runs"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for key in sorted(groups, key=lambda k: (k[0], _model_key(k[1]), k[2], k[3])):
         cells = groups[key]
@@ -167,11 +180,17 @@ def headline_markdown(rows: list[dict], include_cpu: bool = False) -> str:
         row = [str(key[0]), str(key[1]), str(key[2]), str(key[3]), f"{ref['prompt_len']} + {ref['new_tokens']}",
                _fmt(ref.get("floor_ms"))]
         row += [_fmt(cells[b]["ms_per_step"]) if b in cells else "-" for b in backends]
-        row += [_fmt(mk.get("pct_of_floor"), 1) if mk else "-", ", ".join(runs)]
+        row += [_fmt(mk.get("pct_of_floor"), 1) if mk else "-"]
+        if tuned:
+            mkt = cells.get("megakernel tuned")
+            row += [_fmt(mkt.get("pct_of_floor"), 1) if mkt else "-"]
+        row += [", ".join(runs)]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     lines.append("ms/step: median time of one decode step of the whole batch (lower is better); `+` after a "
-                 "commit: the run had uncommitted code changes. Every row: `bench/results.jsonl`.")
+                 "commit: the run had uncommitted code changes" + ("; tuned: the plan `python -m megakernel.tune` "
+                 "chose on that GPU, the others the rules' plan" if tuned else "") +
+                 ". Every row: `bench/results.jsonl`.")
     return "\n".join(lines)
 
 
@@ -196,12 +215,13 @@ def _slug(*parts) -> str:
 
 
 def _latest_series(rows, x_field: str, y_field: str, fixed: dict):
-    """{backend: [(x, y)]}: per backend and x, the latest row matching ``fixed`` that has y."""
+    """{backend (and " tuned", ``column``): [(x, y)]}: per backend, plan and x, the latest row
+    matching ``fixed`` that has y."""
     best: dict[tuple, dict] = {}
     for r in rows:
         if r.get(y_field) is None or r.get("error") or any(r.get(k) != v for k, v in fixed.items()):
             continue
-        key = (r["backend"], r[x_field])
+        key = (column(r), r[x_field])
         if key not in best or r["time"] > best[key]["time"]:
             best[key] = r
     series: dict[str, list] = defaultdict(list)

@@ -49,6 +49,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--backend", default=None,
                    help=f"one of {', '.join(BACKENDS)} (default: megakernel on CUDA, else reference)")
     p.add_argument("--device", default=None, help="cpu, cuda or npu (default: the best available)")
+    p.add_argument("--plan", choices=("auto", "rules", "tuned"), default="auto",
+                   help="the kernels' tile plan: tuned (python -m megakernel.tune's cache), rules, or auto (tuned "
+                        "where cached for this device, model, batch and max_seq_len; default)")
     p.add_argument("--log-prompts", action="store_true", help="log prompt text (off by default)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     args = p.parse_args(argv)
@@ -100,7 +103,7 @@ def sampling_defaults(folder: Path | None) -> dict:
 
 
 def build(model, *, batch_size: int = 16, max_seq_len: int = 4096, max_queue: int = 256, backend: str | None = None,
-          name: str | None = None, log_prompts: bool = False, warmup: bool = True):
+          name: str | None = None, log_prompts: bool = False, warmup: bool = True, plan: str = "auto"):
     """The FastAPI app and its running engine for a loaded ``Qwen3Model`` (megakernel.load_model)."""
     from models.qwen3.tokenizer import stop_token_ids
 
@@ -117,7 +120,7 @@ def build(model, *, batch_size: int = 16, max_seq_len: int = 4096, max_queue: in
                           stop_ids=frozenset(stop_token_ids(model.checkpoint, model.config)),
                           defaults=sampling_defaults(model.checkpoint), log_prompts=log_prompts)
     backend = backend or default_backend(model.device)
-    mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=batch_size, backend=backend)
+    mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=batch_size, backend=backend, plan=plan)
     metrics = Metrics(batch_size, max_queue)
     engine = Engine(mk, metrics, max_queue=max_queue)
     engine.start(warmup=warmup)
@@ -147,16 +150,17 @@ def main(argv=None) -> int:
                            progress=sys.stderr.isatty())
         app, engine, config, codec = build(model, batch_size=args.batch_size, max_seq_len=args.max_seq_len,
                                            max_queue=args.max_queue, backend=args.backend,
-                                           name=args.served_model_name or args.model, log_prompts=args.log_prompts)
+                                           name=args.served_model_name or args.model, log_prompts=args.log_prompts,
+                                           plan=args.plan)
     except (UsageError, ValueError, OSError, RuntimeError, MemoryError) as e:
         # ValueError covers CheckpointError and bad settings; RuntimeError an absent device or backend
         sock.close()
         print(f"error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
         return 2
     host, port = sock.getsockname()[:2]
-    log.info("serving %s (%s, %s) on http://%s:%d: batch %d, max_seq_len %d, backend %s, %s; ready in %.1f s",
-             config.model_name, model.dtype, model.device, host, port, args.batch_size, args.max_seq_len,
-             engine.mk.backend_name, "text and chat" if codec.has_chat_template else
+    log.info("serving %s (%s, %s) on http://%s:%d: batch %d, max_seq_len %d, backend %s, plan: %s, %s; ready in "
+             "%.1f s", config.model_name, model.dtype, model.device, host, port, args.batch_size, args.max_seq_len,
+             engine.mk.backend_name, engine.mk.plan_choice.label, "text and chat" if codec.has_chat_template else
              "text" if codec.has_text else "token ids only (no tokenizer)", time.perf_counter() - t0)
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
     try:
