@@ -321,3 +321,96 @@ def test_damaged_fp8_checkpoints_fail_from_headers(tiny_checkpoint, no_allocatio
     (tiny.folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="F8_E4M3, but config.json has no FP8 quantization_config"):
         load_model(str(tiny.folder), device="cpu", progress=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command lines, the results table, devices without FP8
+
+
+def test_generate_quantize_fp8_on_the_tiny_random_model(cli):
+    """``--quantize fp8`` from generate's command line: the interpreted per-op FP8 tiles and the
+    reference on the same FP8 weights give the same greedy tokens, and the summary says fp8."""
+    args = ("-m", "tiny-random", "--random-weights", "--quantize", "fp8", "--prompt-ids", "1 2 3 4", "-n", 4,
+            "--device", "cpu", "--json")
+    runs = {}
+    for backend in ("reference", "per-op"):
+        proc = cli(*args, "--backend", backend, timeout=300)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert "with FP8 projections" in proc.stderr
+        summary = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert summary["quantization"] == "fp8" and summary["dtype"] == "float32"
+        runs[backend] = summary["sequences"][0]["tokens"]
+    assert len(runs["per-op"]) == 4 and runs["per-op"] == runs["reference"]
+    bad = cli(*args[:4], "int4", timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "invalid choice: 'int4'" in bad.stderr
+
+
+def test_bench_rows_carry_the_quantization(tmp_path, capsys):
+    from megakernel import bench, results
+    record = tmp_path / "r.jsonl"
+    assert bench.main(["--device", "cpu", "--quantize", "fp8", "--compare", "per-op", "-n", "3", "--prompt-len", "4",
+                       "--warmup", "0", "--record", str(record)]) == 0
+    out = capsys.readouterr().out
+    assert "fp8 projections" in out
+    rows = results.read_rows(record)
+    assert {r["backend"] for r in rows} == {"megakernel", "per-op"}
+    assert all(r["quantization"] == "fp8" and not r["error"] for r in rows)
+    # the floor counts the FP8 bytes: a tiny model's weights with one-byte projections
+    tiny = bench.tiny_model(torch.device("cpu"), quantize="fp8")
+    assert rows[0]["bytes_per_step"] < bench.step_bytes(bench.tiny_model(torch.device("cpu")), [4, 4])
+    assert tiny.weights.nbytes() < rows[0]["bytes_per_step"]
+    plain = dict(rows[0], quantization=None, time="0")
+    assert results.precision(rows[0]) == "float32, fp8 weights" and results.precision(plain) == "float32"
+    table = results.headline_markdown(rows + [plain], include_cpu=True)
+    assert "| float32, fp8 weights |" in table and "| float32 |" in table
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--quantize", "fp8", "--compare", "torch-compile"], "--compare torch-compile runs 16-bit weights only"),
+    (["--quantize", "int4"], "invalid choice: 'int4'"),
+])
+def test_bench_refuses_what_fp8_cannot_run(argv, message, capsys):
+    from megakernel import bench
+    assert bench.main(argv + ["--device", "cpu"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: ") and message in err, err
+
+
+def test_fp8_is_refused_on_the_npu_before_loading():
+    from types import SimpleNamespace
+
+    from megakernel import device
+    with pytest.raises(RuntimeError, match="FP8 weights are not supported on the NPU: triton-ascend documents no "
+                                           "float8 type"):
+        device.check_fp8(SimpleNamespace(type="npu"))
+    device.check_fp8(torch.device("cpu"))      # the interpreter reads float8e4nv
+
+
+def test_plan_costs_count_fp8_bytes():
+    from models.qwen3.config import PRESETS
+    from scheduler.ops import Op, cost, make_plan
+    cfg = PRESETS["8b"]
+    bf16, fp8 = (make_plan(cfg, 1, 4096, 264, fp8=q) for q in (False, True))
+    assert fp8.FP8 == 1 and bf16.FP8 == 0
+    # tiles are sized as for bf16 weights; only their bytes differ
+    assert {k: v for k, v in vars(bf16).items() if k != "FP8"} == {k: v for k, v in vars(fp8).items() if k != "FP8"}
+    R, H = fp8.R_QKV, cfg.hidden_size
+    assert cost(fp8, Op.QKV, 3) == 3 * (R * H + math.ceil(R / 128) * math.ceil(H / 128) * 4)
+    assert cost(bf16, Op.QKV, 3) == 3 * R * H * 2
+    assert cost(fp8, Op.LMHEAD, 2) == cost(bf16, Op.LMHEAD, 2)      # the LM head stays bf16
+
+
+def test_fp8_weights_save_in_qwens_layout_and_load_back(tmp_path):
+    """``save_checkpoint`` of FP8 weights writes Qwen's FP8 layout (what transformers' FP8 path and
+    this loader read), and loading it gives the same fp8 values and scales."""
+    from models.qwen3.config import DEMO_PRESETS
+    from models.qwen3.weights import random_weights, save_checkpoint
+    cfg = DEMO_PRESETS["tiny-random"]
+    w = random_weights(cfg, seed=3, quantize="fp8")
+    folder = save_checkpoint(tmp_path / "fp8", cfg, w)
+    assert json.loads((folder / "config.json").read_text())["quantization_config"] == QWEN_FP8
+    _, back = load_checkpoint(folder, progress=False)
+    for name in ("wqkv", "wo", "wgate_up", "wdown"):
+        assert torch.equal(getattr(back, name).view(torch.uint8), getattr(w, name).view(torch.uint8))
+        assert torch.equal(getattr(back, name + "_scale"), getattr(w, name + "_scale"))
+    assert torch.equal(back.dequantized().wqkv, w.dequantized().wqkv)

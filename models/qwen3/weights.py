@@ -122,7 +122,9 @@ class Qwen3Weights:
                if k != "lm_head" and k not in PROJ_NAMES and not k.endswith("_scale")}
         for name in PROJ_NAMES:
             t = getattr(self, name)
-            out[name] = torch.stack([self.proj(name, l).to(dtype) for l in range(t.shape[0])])
+            out[name] = torch.empty(t.shape, dtype=dtype, device=t.device)
+            for l in range(t.shape[0]):
+                out[name][l] = self.proj(name, l)
         head = out["embed"] if self.tied else self.lm_head.to(dtype)
         return Qwen3Weights(lm_head=head, **out)
 
