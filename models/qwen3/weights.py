@@ -116,7 +116,7 @@ class Qwen3Weights:
 
     def dequantized(self, dtype=None) -> "Qwen3Weights":
         """A copy in plain ``dtype`` (default: the model's) with the projections dequantized, one
-        layer at a time; the FP8 tiles compute exactly these float32 values."""
+        layer at a time; in float32 these are exactly the weights the FP8 tiles multiply by."""
         dtype = dtype or self.dtype
         out = {k: v.to(dtype) for k, v in self.tensors().items()
                if k != "lm_head" and k not in PROJ_NAMES and not k.endswith("_scale")}
