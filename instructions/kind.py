@@ -20,3 +20,16 @@ class DeviceKind:
     reads: tuple[str, ...]      # step buffers (``megakernel.buffers.SPEC``) its tiles read
     writes: tuple[str, ...]     # ... and write
     num_warps: int | None = None    # the per-op kernel's warps, where fixed (else the backend's)
+
+
+def weight_rows(st, plan, name: str, layer: int, rows: slice):
+    """Rows ``rows`` of layer ``layer``'s projection ``name`` as float32 for a torch reference:
+    FP8 weights (``plan.FP8``) dequantized from their scale grid ``<name>_scale`` as the tiles do."""
+    w = st[name]
+    if not plan.FP8:
+        return w[layer, rows].float()
+    from models.qwen3.fp8 import dequantize_grid
+    sb = plan.SCALE_ROWS
+    g0 = rows.start // sb
+    part = dequantize_grid(w[layer, g0 * sb:rows.stop], st[name + "_scale"][layer, g0:], sb)
+    return part[rows.start - g0 * sb:]

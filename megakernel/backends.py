@@ -51,7 +51,8 @@ def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = N
     plan where it runs one (``megakernel.plans``), then any fields overridden (experiments). The
     persistent and per-op backends both use it, so with the same workers their numbers agree bit
     for bit."""
-    plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk, num_warps=num_warps)
+    plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk, num_warps=num_warps,
+                     fp8=mk.weights.quantization == "fp8")
     choice = getattr(mk, "plan_choice", None)
     tuned = choice.entry.fields if choice is not None and choice.entry is not None else {}
     return dataclasses.replace(plan, **{**tuned, **(overrides or {})})

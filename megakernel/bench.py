@@ -526,6 +526,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(a 2-layer random model); default 0.6b on a GPU, tiny on the CPU")
     p.add_argument("--random-weights", action="store_true",
                    help="deterministic random weights of the model's shapes (no download)")
+    p.add_argument("--quantize", choices=("fp8",), default=None,
+                   help="fp8: the linear projections in block FP8 (Qwen's -FP8 format), quantized on load, read by "
+                        "the kernels' FP8 tiles; the floor counts their bytes. Peers outside the kernel backends "
+                        "run 16-bit weights only, so the default comparison is then the kernel backends'")
     p.add_argument("--compare", default=None, metavar="NAME[,NAME...]",
                    help=f"backends to run besides the megakernel, comma-separated, from: {', '.join(PEERS)}; "
                         f"default {DEFAULT_COMPARE['cuda']} on a GPU, {DEFAULT_COMPARE['cpu']} on the CPU, "
@@ -621,6 +625,14 @@ def settle(args, dev):
         args.max_new_tokens = d["max_new_tokens"]
     if args.compare is None:
         args.compare_list = _backends("hf" if args.max_new_tokens == 1 else DEFAULT_COMPARE.get(dev.type, "per-op"))
+        if args.quantize:
+            args.compare_list = [c for c in args.compare_list if c in KERNEL_BACKENDS]
+    if args.quantize:
+        other = [c for c in args.compare_list if c not in KERNEL_BACKENDS]
+        if other:
+            raise UsageError(f"--compare {other[0]} runs 16-bit weights only, not --quantize fp8: compare it in a "
+                             f"run without --quantize (kernel peers: {', '.join(KERNEL_BACKENDS)})")
+        devices.check_fp8(dev)
     need = max(args.prompt_lens) + max(args.max_new_tokens - 1, 1)   # the prompt, then every decoded token
     if args.max_seq_len is None:
         args.max_seq_len = max(args.prompt_lens) + args.max_new_tokens + 8
@@ -653,7 +665,7 @@ def _config_of(name):
     return cfg
 
 
-def tiny_model(dev, dtype=None):
+def tiny_model(dev, dtype=None, quantize=None):
     """A 2-layer random Qwen3 of toy shapes: the bench's default on the CPU, where the kernels run
     through Triton's interpreter. Its timings say nothing about a GPU."""
     from models.qwen3.config import Qwen3Config
@@ -661,7 +673,7 @@ def tiny_model(dev, dtype=None):
     from .model import Qwen3Model
     cfg = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=16, vocab_size=512)
-    w = random_weights(cfg, seed=0, dtype=dtype or devices.default_dtype(dev), device=dev)
+    w = random_weights(cfg, seed=0, dtype=dtype or devices.default_dtype(dev), device=dev, quantize=quantize)
     return Qwen3Model("tiny", cfg, w, None, None)
 
 
@@ -685,9 +697,9 @@ def bench(args) -> dict:
     dev = devices.resolve(args.device)
     settle(args, dev)
     if args.model == "tiny":
-        model = tiny_model(dev)
+        model = tiny_model(dev, quantize=args.quantize)
     else:
-        model = load_model(args.model, random_weights=args.random_weights, device=dev)
+        model = load_model(args.model, random_weights=args.random_weights, device=dev, quantize=args.quantize)
         if dev.type == "cpu" and model.config.num_parameters() > CPU_MAX_PARAMS and not args.force_cpu:
             raise UsageError(_cpu_refusal(args.model, model.config.num_parameters()))
     cfg = model.config
@@ -703,7 +715,8 @@ def bench(args) -> dict:
            "command": shlex.join(["python", "-m", "megakernel.bench", *args.argv]),
            "device": _device_name(dev), "versions": table.versions(), "git_commit": commit, "git_dirty": dirty,
            "model": args.model, "weights": "random" if model.random_weights else str(model.checkpoint),
-           "dtype": str(model.dtype).replace("torch.", ""), "copy_gbps": round(bw, 1) if bw else None,
+           "dtype": str(model.dtype).replace("torch.", ""), "quantization": model.quantization,
+           "copy_gbps": round(bw, 1) if bw else None,
            "prompt_seed": seed}
     result = {**run, "batch_sizes": args.batch_sizes, "prompt_lens": args.prompt_lens,
               "new_tokens": args.max_new_tokens, "max_seq_len": args.max_seq_len,
@@ -809,7 +822,7 @@ def print_card(r, model):
     dirty = " (uncommitted changes)" if r["git_dirty"] else ""
     print(f"code        {r['git_commit'] or 'not a git checkout'}{dirty}")
     print(f"model       {r['model']} ({r['weights']} weights, {model.config.num_parameters() / 1e6:,.1f}M "
-          f"parameters) {r['dtype']}")
+          f"parameters) {r['dtype']}{', fp8 projections' if r['quantization'] else ''}")
     print(f"setting     batch {','.join(map(str, r['batch_sizes']))}; prompt {','.join(map(str, r['prompt_lens']))}; "
           f"{r['new_tokens']} new tokens; max_seq_len {r['max_seq_len']}; prompt seed {r['prompt_seed']}")
     print(f"plan        {', '.join(r['plans'])} (the kernels' tiles: rules, tuned by python -m megakernel.tune, "

@@ -101,6 +101,9 @@ def build_parser() -> cli.Parser:
                    help="cpu, cuda, cuda:N or npu (default: the best available; DEVICE=... sets it too)")
     g.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="weight and KV-cache dtype (default: bfloat16 on an accelerator, float32 on the CPU)")
+    g.add_argument("--quantize", choices=("fp8",), default=None,
+                   help="fp8: the linear projections in block FP8 (Qwen's -FP8 format), quantized on load; an FP8 "
+                        "checkpoint is FP8 without it")
     g.add_argument("--max-seq-len", type=cli.at_least(2), default=None,
                    help="KV-cache positions per sequence (default: the longest prompt + --max-new-tokens)")
     g.add_argument("--plan", choices=("auto", "rules", "tuned"), default="auto",
@@ -136,6 +139,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                   f"(greedy decoding)", file=sys.stderr)
     args.device = devices.resolve(args.device)
     args.dtype = resolve_dtype(args.dtype, args.device)
+    if args.quantize:
+        devices.check_fp8(args.device)
     return args
 
 
@@ -286,14 +291,18 @@ def run(args) -> dict:
         print(f"warning: --max-seq-len {max_seq_len} is past {source.name}'s max_position_embeddings "
               f"({cfg.max_position_embeddings}): it was not trained on positions that far", file=sys.stderr)
     kv = cfg.kv_bytes_per_position(dtype.itemsize) * B * max_seq_len
-    check_memory(dev, cfg.num_parameters() * dtype.itemsize + kv,
-                 f"{source.name} in {str(dtype).removeprefix('torch.')} with a KV cache of {B} x {max_seq_len}")
+    quantize = args.quantize or source.quantization
+    if quantize:
+        devices.check_fp8(dev)      # an FP8 checkpoint on a device that cannot read it
+    fp8 = " with FP8 projections" if quantize else ""
+    check_memory(dev, source.weight_bytes(dtype, quantize) + kv,
+                 f"{source.name} in {str(dtype).removeprefix('torch.')}{fp8} with a KV cache of {B} x {max_seq_len}")
 
     from . import plans
     plans.choose(args.plan, dev, cfg, dtype, B, max_seq_len, backend, args.model)    # a missing tuned plan: now
     t0 = time.perf_counter()
-    model = source.load(dev, dtype, progress=sys.stderr.isatty())
-    print(f"Loaded {args.model}: {cfg.num_parameters() / 1e6:,.1f} M parameters, {model.dtype}, {dev}, "
+    model = source.load(dev, dtype, progress=sys.stderr.isatty(), quantize=args.quantize)
+    print(f"Loaded {args.model}: {cfg.num_parameters() / 1e6:,.1f} M parameters, {model.dtype}{fp8}, {dev}, "
           f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=B, backend=backend, plan=args.plan)
     mode = {"megakernel": "persistent kernel, counter waits", "superkernel": "persistent kernel, grid barriers",
@@ -310,7 +319,8 @@ def run(args) -> dict:
                 seed=args.seed, stop_tokens=sorted(stops), on_token=out)
     out.end()
     summary = {"model": args.model, "backend": backend, "device": str(dev),
-               "dtype": str(model.dtype).removeprefix("torch."), "random_weights": model.random_weights,
+               "dtype": str(model.dtype).removeprefix("torch."), "quantization": model.quantization,
+               "random_weights": model.random_weights,
                "batch_size": B, "max_seq_len": max_seq_len, **mk.plan_choice.record(),
                "sequences": [s.summary() for s in seqs]}
     summary.update(timings(t_start, out.times, B))

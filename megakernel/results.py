@@ -3,8 +3,9 @@
 headline table and the plots (``python -m bench.render``).
 
 Every row carries the run it came from (``run``, ``time``, ``command``, ``device``, ``versions``,
-``git_commit``, ``git_dirty``), the setting (``model``, ``weights``, ``dtype``, ``batch_size``,
-``prompt_len``, ``new_tokens``, ``max_seq_len``) and the measurements (``ms_per_step``: the median
+``git_commit``, ``git_dirty``), the setting (``model``, ``weights``, ``dtype``, ``quantization``
+(``fp8``: block-FP8 projections; absent or null: none), ``batch_size``, ``prompt_len``,
+``new_tokens``, ``max_seq_len``) and the measurements (``ms_per_step``: the median
 decode step of the whole batch; ``prefill_ms``; ``pct_of_floor``; ...; ``error`` where the backend
 failed), and the plan its kernels ran (``plan``: ``rules`` or ``tuned``, None for a backend that runs
 no tape and in rows from before the tuner; ``plan_tuned_at``; ``plan_fields``, what the tuned plan
@@ -23,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_FIELDS = ("run", "time", "command", "device", "versions", "git_commit", "git_dirty", "model", "weights",
-              "dtype", "copy_gbps", "prompt_seed")
+              "dtype", "quantization", "copy_gbps", "prompt_seed")
 CONFIG_FIELDS = ("batch_size", "prompt_len", "new_tokens", "max_seq_len")
 MEASURE_FIELDS = ("backend", "implementation", "ms_per_step", "ms_per_step_p10", "ms_per_step_p90", "tokens_per_s",
                   "ratio_to_batch1", "prefill_ms", "prompt_tokens_per_s", "ttft_ms", "floor_ms", "pct_of_floor",
@@ -127,19 +128,25 @@ def column(row: dict) -> str:
     return row["backend"] + (" tuned" if row.get("plan") == "tuned" else "")
 
 
+def precision(row) -> str:
+    """A row's weights as the table and plots label them: its dtype, and ``fp8 weights`` where the
+    projections were block FP8 (rows recorded before FP8 existed have no quantization)."""
+    return f"{row['dtype']}, fp8 weights" if row.get("quantization") == "fp8" else str(row["dtype"])
+
+
 def headline(rows: list[dict], include_cpu: bool = False) -> list[dict]:
-    """The latest decode measurement per (device, model, dtype, batch, backend and plan): rows
+    """The latest decode measurement per (device, model, precision, batch, backend and plan): rows
     with a ms/step and no error, from the latest run that has one; within that run, its shortest
     prompt (the headline is decode speed at short context; longer ones go to the plots)."""
     best: dict[tuple, dict] = {}
     for r in rows:
         if r.get("ms_per_step") is None or r.get("error") or (_is_cpu(r) and not include_cpu):
             continue
-        key = (r["device"], r["model"], r["dtype"], r["batch_size"], column(r))
+        key = (r["device"], r["model"], precision(r), r["batch_size"], column(r))
         old = best.get(key)
         if old is None or (r["time"], -r["prompt_len"]) > (old["time"], -old["prompt_len"]):
             best[key] = r
-    return sorted(best.values(), key=lambda r: (r["device"], r["model"], r["dtype"], r["batch_size"],
+    return sorted(best.values(), key=lambda r: (r["device"], r["model"], precision(r), r["batch_size"],
                                                 _backend_rank(column(r))))
 
 
@@ -156,7 +163,7 @@ def _model_key(name: str):
 
 
 def headline_markdown(rows: list[dict], include_cpu: bool = False) -> str:
-    """The README's table: one line per device, model, dtype and batch; ms/step of each backend
+    """The README's table: one line per device, model, precision (dtype, FP8) and batch; ms/step of each backend
     (the latest run of each), the megakernel's % of the bandwidth floor, and the runs used."""
     picked = headline(rows, include_cpu)
     if not picked:
@@ -165,7 +172,7 @@ def headline_markdown(rows: list[dict], include_cpu: bool = False) -> str:
     backends = sorted({column(r) for r in picked}, key=_backend_rank)
     groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in picked:
-        groups[(r["device"], r["model"], r["dtype"], r["batch_size"])][column(r)] = r
+        groups[(r["device"], r["model"], precision(r), r["batch_size"])][column(r)] = r
     tuned = "megakernel tuned" in backends
     head = ["device", "model", "dtype", "batch", "prompt + new", "floor ms"] + \
         [f"{b} ms/step" for b in backends] + ["megakernel % of floor"] + \
@@ -264,9 +271,9 @@ def plot_rows(rows: list[dict], outdir: str | Path, include_cpu: bool = False) -
     outdir.mkdir(parents=True, exist_ok=True)
     rows = [r for r in rows if include_cpu or not _is_cpu(r)]
     written = []
-    for dev, model, dtype in sorted({(r["device"], r["model"], r["dtype"]) for r in rows}):
-        mine = [r for r in rows if (r["device"], r["model"], r["dtype"]) == (dev, model, dtype)]
-        base = {"device": dev, "model": model, "dtype": dtype}
+    for dev, model, dtype in sorted({(r["device"], r["model"], precision(r)) for r in rows}):
+        mine = [r for r in rows if (r["device"], r["model"], precision(r)) == (dev, model, dtype)]
+        base = {"device": dev, "model": model}
         title = f"{model} {dtype} on {dev}"
         timed = [r for r in mine if r.get("ms_per_step") is not None]
         plans = []

@@ -33,15 +33,27 @@ class Kind:
     per_layer: bool = False                    # a stage per layer (else one per step)
 
 
+def weight_bytes(p, rows: int, k: int, itemsize: int) -> int:
+    """Bytes of ``rows`` rows of a [N, k] projection: ``itemsize`` a weight, or with the plan's FP8
+    one byte a weight plus the float32 scales of the scale rows they touch."""
+    if not p.FP8:
+        return rows * k * itemsize
+    return rows * k + cdiv(rows, p.SCALE_ROWS) * cdiv(k, 128) * 4
+
+
 # In step order. Opcodes are the tape's first word; 0 (NOOP) and BARRIER (``CONTROL``) are not kinds.
 KINDS: tuple[Kind, ...] = (
     Kind("EMBED", 1, "embed", lambda p: p.B, lambda p, it: p.H * it),
-    Kind("QKV", 2, "qkv", lambda p: cdiv(p.QKV_ROWS, p.R_QKV), lambda p, it: p.R_QKV * p.H * it, per_layer=True),
+    Kind("QKV", 2, "qkv", lambda p: cdiv(p.QKV_ROWS, p.R_QKV), lambda p, it: weight_bytes(p, p.R_QKV, p.H, it),
+         per_layer=True),
     Kind("ATTN", 3, "attention", lambda p: p.B * p.HKV * p.NSPLIT,
          lambda p, it: 2 * cdiv(p.S, p.NSPLIT) * p.D * it, per_layer=True),
-    Kind("OPROJ", 4, "matvec", lambda p: cdiv(p.H, p.R_O), lambda p, it: p.R_O * p.HQ * p.D * it, "POOL_O", True),
-    Kind("GATEUP", 5, "matvec", lambda p: cdiv(p.I, p.R_GU), lambda p, it: 2 * p.R_GU * p.H * it, "POOL_GU", True),
-    Kind("DOWN", 6, "matvec", lambda p: cdiv(p.H, p.R_DOWN), lambda p, it: p.R_DOWN * p.I * it, "POOL_DOWN", True),
+    Kind("OPROJ", 4, "matvec", lambda p: cdiv(p.H, p.R_O), lambda p, it: weight_bytes(p, p.R_O, p.HQ * p.D, it),
+         "POOL_O", True),
+    Kind("GATEUP", 5, "matvec", lambda p: cdiv(p.I, p.R_GU), lambda p, it: 2 * weight_bytes(p, p.R_GU, p.H, it),
+         "POOL_GU", True),
+    Kind("DOWN", 6, "matvec", lambda p: cdiv(p.H, p.R_DOWN), lambda p, it: weight_bytes(p, p.R_DOWN, p.I, it),
+         "POOL_DOWN", True),
     Kind("LMHEAD", 7, "matvec", lambda p: cdiv(p.V, p.R_LM), lambda p, it: p.R_LM * p.H * it, "POOL_LM"),
     Kind("ARGMAX", 8, "argmax", lambda p: p.B, lambda p, it: 8 * cdiv(p.V, p.R_LM)),
 )

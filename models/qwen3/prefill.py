@@ -145,7 +145,7 @@ def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence
         x = w.embed[tokens[c0:c0 + n]]                                        # [n, H]
         for l in range(L):
             h = F.rms_norm(x, (H,), w.input_norm[l], eps)
-            qkv = F.linear(h, w.wqkv[l])                                      # [n, (Hq + 2 Hkv) D]
+            qkv = F.linear(h, w.proj("wqkv", l))                              # [n, (Hq + 2 Hkv) D]
             torch.mul(cos[c0:c0 + n], norm_w[l], out=rope_cos)                 # computed in float32
             torch.mul(sin[c0:c0 + n], norm_w_rolled[l], out=rope_sin)
             qkn = F.rms_norm(qkv[:, :k_end].view(n, G + 1, Hkv, D), (D,), eps=eps)
@@ -161,11 +161,11 @@ def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence
                 outs.append(attend(q[o:o + m].transpose(0, 1), cache.k[l, b, :, :p0 + m],
                                    cache.v[l, b, :, :p0 + m]))
             attn = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(n, cfg.q_size)
-            x.addmm_(attn, w.wo[l].T)
+            x.addmm_(attn, w.proj("wo", l).T)
             h = F.rms_norm(x, (H,), w.post_norm[l], eps)
-            gate_up = F.linear(h, w.wgate_up[l])
+            gate_up = F.linear(h, w.proj("wgate_up", l))
             act = F.silu(gate_up[:, :cfg.intermediate_size]).mul_(gate_up[:, cfg.intermediate_size:])
-            x.addmm_(act, w.wdown[l].T)
+            x.addmm_(act, w.proj("wdown", l).T)
         for b, p0, o, m in pieces:
             if p0 + m == lengths[b]:
                 last[b] = x[o + m - 1:o + m]
