@@ -53,7 +53,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     p.add_argument("--json", action="store_true", help="print the report as JSON as the last stdout line")
+    p.add_argument("--record", metavar="PATH", default=None,
+                   help="append the report as a row to the results table (e.g. bench/results.jsonl), with the "
+                        "server's device, backend and batch from its /health")
     args = p.parse_args(argv)
+    if args.record:
+        from .results import check_writable
+        try:
+            check_writable(args.record, "--record")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     for name in ("concurrency", "max_tokens", "prompt_tokens"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -141,6 +150,7 @@ async def run(args) -> dict:
             raise UsageError(f"cannot reach an OpenAI-compatible server at {args.url} ({type(e).__name__}: {e})") \
                 from None
         model = args.model or models[0]["id"]
+        health = (await client.get("/health", timeout=10)).json()
         rng = random.Random(args.seed)
         stats = Stats()
         deadline = time.perf_counter() + args.duration
@@ -163,7 +173,27 @@ async def run(args) -> dict:
             "requests_per_s": stats.ok / wall, "output_tokens": stats.tokens,
             "output_tokens_per_s": stats.tokens / wall,
             "ttft_ms_p50": pct(stats.ttft, 50), "ttft_ms_p99": pct(stats.ttft, 99),
-            "itl_ms_p50": pct(stats.itl, 50), "itl_ms_p99": pct(stats.itl, 99), "errors": stats.errors}
+            "itl_ms_p50": pct(stats.itl, 50), "itl_ms_p99": pct(stats.itl, 99), "errors": stats.errors,
+            "server": health}
+
+
+def record_row(args, argv, report: dict) -> dict:
+    """The report as a row of the results table: the run's header (as the bench writes it), the
+    server's facts from /health, and the figures."""
+    from datetime import datetime, timezone
+    import shlex
+    from . import results
+    commit, dirty = results.git_state()
+    now = datetime.now(timezone.utc)
+    srv = report.get("server") or {}
+    return {"run": f"{now:%Y%m%dT%H%M%SZ}-{(commit or 'nogit')[:7]}", "time": now.isoformat(timespec="seconds"),
+            "command": shlex.join(["python", "-m", "megakernel.loadtest", *(argv if argv is not None else sys.argv[1:])]),
+            "device": srv.get("device"), "versions": results.versions(), "git_commit": commit, "git_dirty": dirty,
+            "model": report["model"], "dtype": srv.get("dtype"), "backend": "serve",
+            "serve_backend": srv.get("backend"), "batch_size": srv.get("batch_size"),
+            "max_seq_len": srv.get("max_seq_len"), "prompt_len": args.prompt_tokens, "new_tokens": args.max_tokens,
+            **{k: report.get(k) for k in results.SERVE_FIELDS if k in report},
+            "error": None if not (report["failed"] or report["lost"]) else "; ".join(report["errors"][:3])}
 
 
 def _ms(x) -> str:
@@ -186,6 +216,10 @@ def main(argv=None) -> int:
     print(f"inter-token latency: p50 {_ms(report['itl_ms_p50'])}, p99 {_ms(report['itl_ms_p99'])}")
     for e in report["errors"]:
         print(f"  {e}")
+    if args.record:
+        from .results import append_rows
+        append_rows(args.record, [record_row(args, argv, report)])
+        print(f"1 row appended to {args.record}")
     if args.json:
         print(json.dumps(report))
     return 1 if report["failed"] or report["lost"] else 0

@@ -31,7 +31,10 @@ MEASURE_FIELDS = ("backend", "implementation", "ms_per_step", "ms_per_step_p10",
                   "bytes_per_step", "gbps", "speedup_vs_megakernel", "token_agreement", "tokens_match",
                   "compile_s", "setup_s", "steps_per_launch", "cuda_graphs", "cudagraph_skip", "plan", "plan_tuned_at",
                   "plan_fields", "error")
-ROW_FIELDS = RUN_FIELDS + CONFIG_FIELDS + MEASURE_FIELDS
+# rows of ``python -m megakernel.loadtest --record`` (backend "serve"): the server under load
+SERVE_FIELDS = ("concurrency", "duration_s", "requests", "failed", "lost", "requests_per_s",
+                "output_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "serve_backend")
+ROW_FIELDS = RUN_FIELDS + CONFIG_FIELDS + MEASURE_FIELDS + SERVE_FIELDS
 BACKEND_ORDER = ("megakernel", "cuda-graph", "torch-compile", "hf-compile", "superkernel", "per-op", "hf", "reference")
 CODE_PATHS = ("megakernel", "instructions", "scheduler", "models", "pyproject.toml")
 MARK_BEGIN, MARK_END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -99,7 +102,8 @@ def check_writable(path: str, flag: str):
 def append_rows(path: str | Path, rows: list[dict]):
     with open(path, "a") as f:
         for r in rows:
-            f.write(json.dumps({k: r.get(k) for k in ROW_FIELDS}) + "\n")
+            fields = ROW_FIELDS if r.get("backend") == "serve" else ROW_FIELDS[:-len(SERVE_FIELDS)]
+            f.write(json.dumps({k: r.get(k) for k in fields}) + "\n")
 
 
 def read_rows(path: str | Path) -> list[dict]:

@@ -496,19 +496,28 @@ def test_model_without_tokenizer_serves_token_ids(tmp_path, seed):
         assert r.status_code == 400 and "tokenizer" in r.json()["error"]["message"]
 
 
-def test_loadtest_reports_with_nothing_failed(server, capsys):
+def test_loadtest_reports_with_nothing_failed(server, capsys, tmp_path):
     from megakernel import loadtest
+    from megakernel.results import read_rows
+    table = tmp_path / "results.jsonl"
     rc = loadtest.main(["--url", server.url, "--concurrency", "6", "--duration", "2", "--max-tokens", "6",
-                        "--prompt-tokens", "5", "--json"])
+                        "--prompt-tokens", "5", "--json", "--record", str(table)])
     out = capsys.readouterr().out
     report = json.loads(out.strip().splitlines()[-1])
     assert rc == 0, out
+    (row,) = read_rows(table)      # the results table gets the report with the server's facts
+    assert row["backend"] == "serve" and row["batch_size"] == report["server"]["batch_size"] > 0
+    assert row["serve_backend"] == report["server"]["backend"] and row["device"] == report["server"]["device"]
+    assert row["requests"] == report["requests"] and row["ttft_ms_p50"] == report["ttft_ms_p50"]
+    assert row["new_tokens"] == 6 and row["prompt_len"] == 5 and row["error"] is None and row["git_commit"]
     assert report["failed"] == 0 and report["lost"] == 0 and report["requests"] >= 6
     assert report["output_tokens"] == 6 * report["requests"]
     assert report["ttft_ms_p50"] > 0 and report["itl_ms_p99"] >= report["itl_ms_p50"] > 0
     assert "requests/s" in out and "time to first token: p50" in out
     assert loadtest.main(["--url", "http://127.0.0.1:9", "--duration", "1"]) == 2
     assert "error: cannot reach" in capsys.readouterr().err
+    assert loadtest.main(["--url", server.url, "--record", str(tmp_path / "no" / "t.jsonl")]) == 2
+    assert "error: --record" in capsys.readouterr().err
 
 
 def test_command_line_server(ckpt, tmp_path):

@@ -1,6 +1,7 @@
 """The server on a GPU under load: ``python -m megakernel.serve`` with random weights of the true
 0.6b and 8b shapes, batch 16, the megakernel backend; the load generator's 32 concurrent streaming
-clients for a minute (``SERVE_LOAD_SECONDS`` changes it), with nothing failed or lost."""
+clients for a minute (``SERVE_LOAD_SECONDS`` changes it), with nothing failed or lost.
+``SERVE_RECORD=bench/results.jsonl`` records each run's figures in the results table."""
 
 from __future__ import annotations
 
@@ -55,8 +56,9 @@ def test_load_32_streaming_clients_nothing_failed(size, capsys):
         while not _up(url) and time.monotonic() < end:
             time.sleep(0.5)
         seconds = os.environ.get("SERVE_LOAD_SECONDS", "60")
+        record = ["--record", os.environ["SERVE_RECORD"]] if os.environ.get("SERVE_RECORD") else []
         rc = loadtest.main(["--url", url, "--concurrency", "32", "--duration", seconds, "--max-tokens", "128",
-                            "--prompt-tokens", "64", "--json"])
+                            "--prompt-tokens", "64", "--json", *record])
         out = capsys.readouterr().out
         with capsys.disabled():
             print(f"\n{size}:\n" + "\n".join(out.strip().splitlines()[:-1]))

@@ -125,8 +125,14 @@ class Engine:
         return self.thread is not None and self.thread.is_alive() and not self.stopping
 
     def status(self) -> dict:
+        mk = self.mk
+        dev = self.device
         return {"running": sum(s is not None for s in self.slots), "queued": len(self.queue),
-                "batch_size": self.batch_size, "max_queue": self.max_queue}
+                "batch_size": self.batch_size, "max_queue": self.max_queue,
+                # what a load generator records beside its figures (``loadtest --record``)
+                "backend": getattr(mk, "backend_name", None), "max_seq_len": getattr(mk, "max_seq_len", None),
+                "dtype": str(mk.weights.dtype).removeprefix("torch.") if hasattr(mk, "weights") else None,
+                "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)}
 
     def submit(self, req: Request):
         with self.cv:
