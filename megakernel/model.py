@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from models.qwen3.config import Qwen3Config
+from models.qwen3.tp import TPShard
 from models.qwen3.weights import Qwen3Weights, cache_label, check_checkpoint, check_host_memory, load_checkpoint, \
     load_random, resolve_checkpoint, shapes_for
 
@@ -38,6 +39,11 @@ class Qwen3Model:
     weights: Qwen3Weights
     checkpoint: Path | None     # None for random weights
     tokenizer: object | None    # models.qwen3.tokenizer.Tokenizer, or None where none is known
+    shard: TPShard | None = None    # tensor parallelism: config and weights are this rank's share
+
+    @property
+    def tp(self) -> int:
+        return self.shard.tp if self.shard else 1
 
     @property
     def random_weights(self) -> bool:
@@ -70,24 +76,31 @@ class ModelSource:
     def random_weights(self) -> bool:
         return self.checkpoint is None
 
-    def load(self, device=None, dtype=None, seed: int = 0, progress: bool = True) -> Qwen3Model:
+    def load(self, device=None, dtype=None, seed: int = 0, progress: bool = True, tp: int = 1,
+             rank: int = 0) -> Qwen3Model:
         """The weights on ``device`` in ``dtype`` (default: bf16 on an accelerator, float32 on
-        the CPU), after checking that they fit there."""
+        the CPU), after checking that they fit there. ``tp`` > 1: only rank ``rank``'s share of
+        them (``models.qwen3.tp``), and the model's config is that rank's."""
+        shard = TPShard(self.config, tp, rank) if tp > 1 else None
+        cfg_here = shard.config if shard else self.config
         dev = devices.resolve(device)
         dtype = resolve_dtype(dtype, dev)
         if dev.type == "cpu" and dtype != torch.float32:
             print(f"note: {dtype} on the CPU runs the reference in {dtype}; the interpreter's kernels need "
                   f"float32", file=sys.stderr)
         what = f"{self.name}'s weights in {str(dtype).removeprefix('torch.')}"
-        check_memory(dev, self.config.num_parameters() * dtype.itemsize, what)
+        what += f" ({shard.describe()})" if shard else ""
+        check_memory(dev, cfg_here.num_parameters() * dtype.itemsize, what)
         if self.checkpoint is not None:
-            cfg, w = load_checkpoint(self.checkpoint, dtype=dtype, device=dev, cfg=self.config, progress=progress)
+            cfg, w = load_checkpoint(self.checkpoint, dtype=dtype, device=dev, cfg=self.config, progress=progress,
+                                     shard=shard)
         else:
-            print(f"note: {self.name}: deterministic random weights (seed {seed}) of the true shapes, as asked; "
-                  f"outputs are meaningless", file=sys.stderr)
-            cfg, w = self.config, load_random(self.config, seed, dtype, dev, label=cache_label(self.name),
-                                              progress=progress)
-        return Qwen3Model(self.name, cfg, w, self.checkpoint, self.tokenizer)
+            if rank == 0:
+                print(f"note: {self.name}: deterministic random weights (seed {seed}) of the true shapes, as asked; "
+                      f"outputs are meaningless", file=sys.stderr)
+            cfg, w = cfg_here, load_random(self.config, seed, dtype, dev, label=cache_label(self.name),
+                                           progress=progress, shard=shard)
+        return Qwen3Model(self.name, cfg, w, self.checkpoint, self.tokenizer, shard)
 
 
 def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
@@ -121,7 +134,7 @@ def locate_model(name: str, random_weights: bool = False, allow_download: bool =
 
 
 def load_model(name: str, random_weights: bool = False, seed: int = 0, device=None, dtype=None,
-               progress: bool = True, allow_download: bool = True) -> Qwen3Model:
+               progress: bool = True, allow_download: bool = True, tp: int = 1, rank: int = 0) -> Qwen3Model:
     """Load ``name``: a size alias (0.6b 1.7b 4b 8b 14b 32b), a Hugging Face repo id, or a local
     checkpoint folder. The folder, else the local Hugging Face cache, else a download where
     ``allow_download`` and the network allow; where none has it, CheckpointError (a ValueError)
@@ -129,7 +142,9 @@ def load_model(name: str, random_weights: bool = False, seed: int = 0, device=No
     the model's true shapes instead, without a checkpoint: outputs are then meaningless. Also
     ``tiny-random``, a demo shape that has only random weights. ``dtype``: a torch dtype or its
     name (default bf16 on an accelerator, float32 on the CPU). MemoryError, before anything is
-    allocated, where the weights do not fit the device."""
+    allocated, where the weights do not fit the device. ``tp`` > 1 loads rank ``rank``'s share of a
+    tensor-parallel run (``models.qwen3.tp``; ``megakernel.tp`` runs the ranks)."""
     dev = devices.resolve(device)
     dtype = resolve_dtype(dtype, dev)
-    return locate_model(name, random_weights, allow_download).load(dev, dtype, seed=seed, progress=progress)
+    return locate_model(name, random_weights, allow_download).load(dev, dtype, seed=seed, progress=progress,
+                                                                   tp=tp, rank=rank)

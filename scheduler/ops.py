@@ -115,6 +115,8 @@ class Plan:
     POOL_GU: int = 0
     POOL_DOWN: int = 0
     POOL_LM: int = 0
+    TP: int = 1         # tensor parallel ranks: shapes above are one rank's (models/qwen3/tp.py)
+    R_AR: int = 1       # rows of x per REDUCE tile (TP > 1)
 
     def __post_init__(self):
         if self.ATTN_NEW and self.NSPLIT < 2:
@@ -315,8 +317,9 @@ def _base_plan(x: PlanInputs, nsplit: int | None, lm_rows: int | None) -> Plan:
 
 def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
                    lm_rows: int | None = None, max_bk: int = MAX_BK,
-                   num_warps: int = 4) -> tuple[Plan, list[tuple[Rule, dict]]]:
-    """``make_plan``'s plan, and the rules of ``PLAN_RULES`` that fired with the fields each set."""
+                   num_warps: int = 4, tp: int = 1) -> tuple[Plan, list[tuple[Rule, dict]]]:
+    """``make_plan``'s plan, and the rules of ``PLAN_RULES`` that fired with the fields each set.
+    ``tp`` > 1: ``cfg`` is one rank's shapes (``models.qwen3.tp.shard_config``)."""
     if not 1 <= batch_size <= MAX_BATCH:
         raise ValueError(f"batch size {batch_size} is outside what the kernels run: 1 to {MAX_BATCH}")
     x = PlanInputs(cfg, batch_size, max_seq_len, workers, max_bk, TILE_ELEMS * num_warps // 4, nsplit is not None,
@@ -328,14 +331,19 @@ def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit:
             fields = rule.then(x, plan)
             plan = replace(plan, **fields)
             fired.append((rule, fields))
+    if tp > 1:
+        # REDUCE tiles: few enough that the cross-GPU polls stay few (one per rank a tile), at
+        # least 128 rows, so a tile's peer reads are whole 512-byte runs per sequence
+        plan = replace(plan, TP=tp, R_AR=min(next_pow2(plan.H), max(128, next_pow2(_cdiv(plan.H, max(1, workers))))))
     return plan, fired
 
 
 def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
-              lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4) -> Plan:
+              lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4, tp: int = 1) -> Plan:
     """Tile sizes for ``cfg`` at ``batch_size`` and ``max_seq_len`` on ``workers`` workers: the base
-    plan with ``PLAN_RULES`` applied (``plan_and_rules`` says which fired)."""
-    return plan_and_rules(cfg, batch_size, max_seq_len, workers, nsplit, lm_rows, max_bk, num_warps)[0]
+    plan with ``PLAN_RULES`` applied (``plan_and_rules`` says which fired). ``tp`` > 1: ``cfg`` is
+    one rank's shapes, and the step adds the ranks' partial sums after O and down."""
+    return plan_and_rules(cfg, batch_size, max_seq_len, workers, nsplit, lm_rows, max_bk, num_warps, tp)[0]
 
 
 def short_b1_mlp(plan: Plan, workers: int) -> bool:

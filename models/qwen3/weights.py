@@ -291,10 +291,13 @@ def check_checkpoint(folder: str | Path, cfg: Qwen3Config | None = None) -> dict
 
 
 def load_checkpoint(folder: str | Path, dtype=torch.float32, device="cpu",
-                    cfg: Qwen3Config | None = None, progress: bool = True) -> tuple[Qwen3Config, Qwen3Weights]:
+                    cfg: Qwen3Config | None = None, progress: bool = True,
+                    shard=None) -> tuple[Qwen3Config, Qwen3Weights]:
     """Load a local Hugging Face Qwen3 checkpoint folder into the stacked layout, converting
     each tensor to ``dtype`` (bf16 files load into float32 and back exactly). The folder is
-    checked first (``check_checkpoint``), so a damaged one fails before anything is allocated."""
+    checked first (``check_checkpoint``), so a damaged one fails before anything is allocated.
+    ``shard`` (a ``tp.TPShard``): only that rank's share reaches ``device``, each tensor cut on
+    the host as it is read, and the returned config is the rank's (``tp.shard_config``)."""
     from safetensors import safe_open
     from tqdm.auto import tqdm
 
@@ -305,6 +308,8 @@ def load_checkpoint(folder: str | Path, dtype=torch.float32, device="cpu",
     if block is not None:
         print(f"FP8 checkpoint dequantized to {_DTYPE_NAMES.get(dtype, dtype)} on load; FP8 tiles are not built yet",
               file=sys.stderr)
+    if shard is not None:
+        cfg = shard.config
     w = Qwen3Weights.empty(cfg, dtype, device)
     slots = hf_slots(cfg, w)
     # A scale_inv may sit in another shard than its weight.
@@ -324,7 +329,7 @@ def load_checkpoint(folder: str | Path, dtype=torch.float32, device="cpu",
                     if t.dtype == torch.float8_e4m3fn:
                         t = dequantize_blockwise(t, _read_tensor(sf, f, scale_files[name + SCALE_SUFFIX],
                                                                  name + SCALE_SUFFIX), block[0])
-                    slot.copy_(t.to(dtype))
+                    slot.copy_((shard.take(name, t) if shard is not None else t).to(dtype))
         except Exception as e:  # the safetensors reader's own errors on damaged files
             raise CheckpointError(f"{f}: cannot read ({type(e).__name__}: {e})") from None
     bar.close()
@@ -524,23 +529,28 @@ def check_host_memory(nbytes: int, what: str, margin: float = 1.05):
 # Random weights
 
 
-def load_random(cfg: Qwen3Config, seed: int, dtype, device, label: str, progress: bool = True) -> Qwen3Weights:
+def load_random(cfg: Qwen3Config, seed: int, dtype, device, label: str, progress: bool = True,
+                shard=None) -> Qwen3Weights:
     """Deterministic random weights. Models under 2B parameters are generated once on the CPU and
     cached as safetensors (float32 for tiny ones, bf16 otherwise) so later runs load the same
     values quickly on any device; larger ones are generated on the device each time. The cache
     folder appears whole or not at all: it is written under a temporary name that is removed if
-    writing fails or is interrupted."""
+    writing fails or is interrupted. ``shard`` (a ``tp.TPShard`` of ``cfg``): that rank's share
+    of the same values."""
     import hashlib
     import shutil
 
     params = cfg.num_parameters()
     if params > 2_000_000_000:
+        if shard is not None:
+            from .tp import random_shard
+            return random_shard(shard, seed=seed, dtype=dtype, device=device)
         return random_weights(cfg, seed=seed, dtype=dtype, device=device)
     key = hashlib.sha1(json.dumps([cfg.to_dict(), seed], sort_keys=True).encode()).hexdigest()[:12]
     folder = cache_dir() / "random" / f"{label}-seed{seed}-{key}"
     if (folder / "model.safetensors").exists():
         try:
-            return load_checkpoint(folder, dtype=dtype, device=device, cfg=cfg, progress=progress)[1]
+            return load_checkpoint(folder, dtype=dtype, device=device, cfg=cfg, progress=progress, shard=shard)[1]
         except CheckpointError as e:
             print(f"Regenerating random weights: cached copy unreadable ({e})", file=sys.stderr)
     disk_dtype = torch.float32 if params < 50_000_000 else torch.bfloat16
@@ -558,12 +568,16 @@ def load_random(cfg: Qwen3Config, seed: int, dtype, device, label: str, progress
     except OSError as e:
         shutil.rmtree(partial, ignore_errors=True)
         print(f"(not caching random weights: {e})", file=sys.stderr)
-        return w.to(dtype=disk_dtype).to(dtype=dtype, device=device)
+        w = w.to(dtype=disk_dtype).to(dtype=dtype)
+        if shard is not None:
+            from .tp import shard_weights
+            w = shard_weights(shard, w)
+        return w.to(device=device)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     del w
-    return load_checkpoint(folder, dtype=dtype, device=device, cfg=cfg, progress=progress)[1]
+    return load_checkpoint(folder, dtype=dtype, device=device, cfg=cfg, progress=progress, shard=shard)[1]
 
 
 def _remove_stale_partials(folder: Path):
