@@ -28,6 +28,7 @@ from models.qwen3.tokenizer import stop_token_ids
 
 from . import cli
 from . import device as devices
+from . import tp as tp_mod
 from .cli import UsageError
 from .model import DTYPES, check_memory, locate_model, resolve_dtype
 from .runtime import BACKENDS, MegaQwen3
@@ -103,6 +104,9 @@ def build_parser() -> cli.Parser:
                    help="weight and KV-cache dtype (default: bfloat16 on an accelerator, float32 on the CPU)")
     g.add_argument("--max-seq-len", type=cli.at_least(2), default=None,
                    help="KV-cache positions per sequence (default: the longest prompt + --max-new-tokens)")
+    g.add_argument("--tp", type=tp_mod.parse_tp, default=1,
+                   help="tensor parallel degree: the model split over this many GPUs, one process each (started "
+                        "here, or by torchrun); rank 0 prints")
     p.add_argument("--json", action="store_true",
                    help="stdout as JSON lines: one object per sequence as it finishes, then a summary")
     return p
@@ -271,6 +275,14 @@ def run(args) -> dict:
     source = locate_model(args.model, random_weights=args.random_weights)
     cfg = source.config
     prompts = prompt_ids(args, source)
+    if args.tp > 1:
+        if backend == "cuda-graph" and dev.type != "cuda":
+            raise UsageError("--backend cuda-graph needs a CUDA GPU")
+        # one process per rank, each running this command from here (tp.start)
+        status, dev = tp_mod.start(args.tp, dev, cfg, "megakernel.generate:main", args.argv)
+        if status is not None:
+            args.tp_status = status
+            return {}
     B, n = len(prompts), args.max_new_tokens
     longest = max(map(len, prompts))
     max_seq_len = args.max_seq_len if args.max_seq_len is not None else longest + n
@@ -282,19 +294,24 @@ def run(args) -> dict:
     if max_seq_len > cfg.max_position_embeddings:
         print(f"warning: --max-seq-len {max_seq_len} is past {source.name}'s max_position_embeddings "
               f"({cfg.max_position_embeddings}): it was not trained on positions that far", file=sys.stderr)
-    kv = cfg.kv_bytes_per_position(dtype.itemsize) * B * max_seq_len
-    check_memory(dev, cfg.num_parameters() * dtype.itemsize + kv,
-                 f"{source.name} in {str(dtype).removeprefix('torch.')} with a KV cache of {B} x {max_seq_len}")
+    from models.qwen3.tp import shard_config
+    here = shard_config(cfg, args.tp)       # this rank's shapes (the whole model at --tp 1)
+    kv = here.kv_bytes_per_position(dtype.itemsize) * B * max_seq_len
+    share = f" (a rank's share of --tp {args.tp})" if args.tp > 1 else ""
+    check_memory(dev, here.num_parameters() * dtype.itemsize + kv,
+                 f"{source.name} in {str(dtype).removeprefix('torch.')} with a KV cache of {B} x {max_seq_len}{share}")
 
     t0 = time.perf_counter()
-    model = source.load(dev, dtype, progress=sys.stderr.isatty())
+    rank = tp_mod.current().rank if args.tp > 1 else 0
+    model = source.load(dev, dtype, progress=sys.stderr.isatty(), tp=args.tp, rank=rank)
     print(f"Loaded {args.model}: {cfg.num_parameters() / 1e6:,.1f} M parameters, {model.dtype}, {dev}, "
           f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=B, backend=backend)
     mode = {"megakernel": "persistent kernel, counter waits", "superkernel": "persistent kernel, grid barriers",
             "per-op": "phase launches, one per stage"}.get(backend)
     lengths = f"{longest} tokens" if B == 1 else f"{B} prompts of {min(map(len, prompts))}-{longest} tokens"
-    print(f"Backend {backend}{f' ({mode})' if mode else ''}; prompt {lengths}; max_seq_len {max_seq_len}",
+    tp_note = f"; tensor parallel over {args.tp} ranks" if args.tp > 1 else ""
+    print(f"Backend {backend}{f' ({mode})' if mode else ''}; prompt {lengths}; max_seq_len {max_seq_len}{tp_note}",
           file=sys.stderr)
     stops = set(stop_token_ids(model.checkpoint, cfg))
     seqs = [_Sequence(i, model.tokenizer, p, not args.chat, stops, n) for i, p in enumerate(prompts)]
@@ -304,7 +321,7 @@ def run(args) -> dict:
     mk.generate(prompts, max_new_tokens=n, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                 seed=args.seed, stop_tokens=sorted(stops), on_token=out)
     out.end()
-    summary = {"model": args.model, "backend": backend, "device": str(dev),
+    summary = {"model": args.model, "backend": backend, "device": str(dev), "tp": args.tp,
                "dtype": str(model.dtype).removeprefix("torch."), "random_weights": model.random_weights,
                "batch_size": B, "max_seq_len": max_seq_len, "sequences": [s.summary() for s in seqs]}
     summary.update(timings(t_start, out.times, B))
@@ -342,7 +359,10 @@ def main(argv=None) -> int:
 
     def body() -> int:
         state["args"] = args = parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)
         summary = run(args)
+        if getattr(args, "tp_status", None) is not None:    # the ranks' processes ran it
+            return args.tp_status
         if args.json:
             print(json.dumps(summary))
         return 0

@@ -344,3 +344,48 @@ def spawn(tp: int, fn, *args, timeout_s: float = 600.0) -> list:
         raise RuntimeError("; ".join(failed))
     import pickle
     return [pickle.loads(results[r][1]) for r in range(tp)]
+
+
+def parse_tp(text: str) -> int:
+    """An argparse type for --tp: a degree of ``TP_DEGREES``."""
+    import argparse
+
+    from models.qwen3.tp import TP_DEGREES
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n not in TP_DEGREES:
+        raise argparse.ArgumentTypeError(f"tensor parallel degree {n} is not supported: choose one of "
+                                         f"{', '.join(map(str, TP_DEGREES))}")
+    return n
+
+
+def start(tp: int, device: torch.device, config, target: str, argv: list[str]) -> tuple[int | None, torch.device]:
+    """A command line's --tp: (exit status, device). Checks, before any work, that the model
+    divides among ``tp`` ranks and that there are ``tp`` GPUs (on CUDA; the CPU runs gloo
+    processes); then, where no rank is set in the environment, starts ``tp`` processes that run
+    ``target`` (``launch``) and returns their status; where one is (torchrun, or ``launch``'s
+    processes), joins the group, keeps rank 0's output alone, and returns (None, this rank's
+    device) for the command to go on. ``tp`` 1: (None, device)."""
+    from models.qwen3.tp import check_tp
+    if tp == 1:
+        return None, device
+    check_tp(config, tp)
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"--tp {tp} runs on CUDA GPUs (or the CPU, for tests), not {device.type}")
+    if device.type == "cuda" and torch.cuda.device_count() < tp:
+        raise ValueError(f"--tp {tp} needs {tp} GPUs, this machine has {torch.cuda.device_count()}")
+    where = env_rank()
+    if where is None:
+        return launch(tp, target, argv), device
+    rank, world, local = where
+    if world != tp:
+        raise ValueError(f"--tp {tp}, but WORLD_SIZE is {world}: start {tp} processes (torchrun --nproc-per-node {tp})")
+    if rank and not isinstance(sys.stderr, _ErrorsOnly):       # under torchrun: rank 0 speaks for all
+        sys.stdout = open(os.devnull, "w")
+        sys.stderr = _ErrorsOnly(sys.__stderr__, rank)
+    if device.type == "cuda":
+        device = torch.device("cuda", local)
+    init(tp, device)
+    return None, device
