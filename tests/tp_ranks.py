@@ -6,22 +6,59 @@ from __future__ import annotations
 import torch
 
 
-def decode(rank: int, tp: int, folder: str, backend: str, prompts, steps: int, max_seq_len: int = 32,
-           dtype: str = "float32", random_name: str | None = None, **options):
-    """Rank ``rank`` of ``tp``: load its share of the checkpoint in ``folder`` (or of random
-    weights of ``random_name``), prefill ``prompts``, decode ``steps`` greedy steps one at a time.
-    Returns (tokens [B, 1 + steps], the last logits [B, V]) as CPU tensors."""
+def _model(rank: int, tp: int, name: str, random_weights: bool, dtype: str, device=None):
     import megakernel  # noqa: F401  (the interpreter on the CPU, before any kernel is defined)
-    from megakernel import MegaQwen3, load_model
+    from megakernel import load_model
     from megakernel import tp as tp_mod
 
     torch.set_num_threads(1)
     if tp > 1:
         tp_mod.init(tp)
-    name, rw = (random_name, True) if random_name else (folder, False)
-    model = load_model(name, random_weights=rw, dtype=dtype, tp=tp, rank=rank, progress=False)
-    mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=len(prompts), backend=backend, **options)
-    out = [mk.prefill(prompts).cpu()]
-    for _ in range(steps):
-        out.append(mk.step().cpu())
-    return torch.stack(out, dim=1), mk.logits.cpu().clone()
+    return load_model(name, random_weights=random_weights, dtype=dtype, tp=tp, rank=rank, progress=False,
+                      device=device)
+
+
+def decode(rank: int, tp: int, name: str, backends, prompts, steps: int, per_launch: int = 1, max_seq_len: int = 32,
+           dtype: str = "float32", random_weights: bool = False, device=None, **options) -> dict:
+    """Rank ``rank`` of ``tp``: load its share of model ``name`` (a checkpoint folder, or random
+    weights), then for each backend prefill ``prompts`` and decode ``steps`` greedy steps in
+    launches of ``per_launch``. Returns backend: (tokens [B, 1 + steps], the last logits [B, V]),
+    CPU tensors."""
+    from megakernel import MegaQwen3
+
+    model = _model(rank, tp, name, random_weights, dtype, device)
+    out = {}
+    for backend in backends:
+        mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=len(prompts), backend=backend, **options)
+        toks = [mk.prefill(prompts)[:, None].cpu()]
+        if steps:
+            toks.append(mk.steps(steps, per_launch=min(per_launch, mk.steps_per_launch)).cpu())
+        out[backend] = (torch.cat(toks, dim=1), mk.logits.cpu().clone())
+    return out
+
+
+def stop_one(rank: int, tp: int, name: str, backend: str, prompts, stopping: int, how: str, dtype: str = "float32",
+             device=None, **options) -> str:
+    """Rank ``stopping`` stops after the prefill (``how``: "abort", its step failing, which writes the
+    abort word; "exit", the process ending without a word), the others go on stepping. Returns
+    what each rank saw: the error it raised (type and message), or "stopped"."""
+    import os
+
+    from megakernel import MegaQwen3
+
+    model = _model(rank, tp, name, False, dtype, device)
+    mk = MegaQwen3(model, max_seq_len=32, batch_size=len(prompts), backend=backend, **options)
+    mk.prefill(prompts)
+    mk.step()
+    if rank == stopping:
+        if how == "exit":
+            os._exit(0)
+        mk.tp_group.abort()
+        return "stopped"
+    try:
+        for _ in range(4):
+            mk.step()
+            mk.backend.synchronize()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"

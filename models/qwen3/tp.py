@@ -129,7 +129,7 @@ def random_shard(shard: TPShard, seed: int = 0, dtype=torch.float32, device="cpu
     w = Qwen3Weights.empty(shard.config, dtype, device)
     norms = ("input_norm", "post_norm", "q_norm", "k_norm", "final_norm")
     for name, t in whole.tensors().items():
-        if name == "lm_head" and whole.tied:
+        if name == "lm_head" and shard.full.tie_word_embeddings:     # (meta tensors all look tied)
             continue
         std, mean = (0.1, 1.0) if name in norms else ((0.1 if name == "embed" else t.shape[-1] ** -0.5), 0.0)
         mine = getattr(w, name)

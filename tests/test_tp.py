@@ -1,0 +1,124 @@
+"""Tensor parallelism on the CPU: the sharding, the tapes, and gloo processes (``megakernel.tp.spawn``)
+running each backend at TP 2 against TP 1 on a tiny random checkpoint, the megakernel through the
+interpreter with shared files standing in for symmetric memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import megakernel  # noqa: F401  (the interpreter before any kernel is defined)
+from megakernel import load_model
+from megakernel import tp as tp_mod
+from models.qwen3.config import PRESETS, Qwen3Config
+from models.qwen3.tp import TPShard, check_tp, random_shard, shard_config, shard_weights
+from models.qwen3.weights import random_weights
+from scheduler.graph import build_tape
+from scheduler.kinds import Op
+from scheduler.ops import make_plan
+from scheduler.validate import validate
+from tests import tp_ranks
+
+TINY = Qwen3Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
+                   num_key_value_heads=4, head_dim=16, vocab_size=128)
+
+
+def test_degrees_and_divisibility_are_checked():
+    with pytest.raises(ValueError, match="degree 3 is not supported"):
+        check_tp(TINY, 3)
+    with pytest.raises(ValueError, match="4 key/value heads .* do not divide among 8"):
+        check_tp(TINY, 8)
+    c = shard_config(PRESETS["32b"], 4)
+    assert (c.num_attention_heads, c.num_key_value_heads, c.intermediate_size) == (16, 2, 6400)
+    assert c.hidden_size == 5120 and c.vocab_size == PRESETS["32b"].vocab_size
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_shards_put_together_are_the_model(tp, seed):
+    """Every rank's share of random weights, generated shard by shard, is the cut of the whole
+    model's; the cuts put back together (q, k, v rows per rank; O and down columns) are the whole."""
+    full = random_weights(TINY, seed=seed)
+    shards = [random_shard(TPShard(TINY, tp, r), seed=seed) for r in range(tp)]
+    for r, s in enumerate(shards):
+        cut = shard_weights(TPShard(TINY, tp, r), full)
+        for name, t in s.tensors().items():
+            assert torch.equal(t, cut.tensors()[name]), name
+    q, kv, I = TINY.q_size, TINY.kv_size, TINY.intermediate_size
+    qr, kvr, Ir = q // tp, kv // tp, I // tp
+    assert torch.equal(torch.cat([s.wo for s in shards], dim=2), full.wo)
+    assert torch.equal(torch.cat([s.wdown for s in shards], dim=2), full.wdown)
+    assert torch.equal(torch.cat([s.wqkv[:, :qr] for s in shards], dim=1), full.wqkv[:, :q])
+    assert torch.equal(torch.cat([s.wqkv[:, qr + kvr:] for s in shards], dim=1), full.wqkv[:, q + kv:])
+    assert torch.equal(torch.cat([s.wgate_up[:, Ir:] for s in shards], dim=1), full.wgate_up[:, I:])
+    assert all(torch.equal(s.embed, full.embed) and torch.equal(s.final_norm, full.final_norm) for s in shards)
+
+
+def test_checkpoint_loads_one_ranks_share(tiny_checkpoint):
+    t = tiny_checkpoint(heads=4, kv_heads=2)
+    whole = load_model(str(t.folder), dtype="float32", progress=False)
+    for r in range(2):
+        part = load_model(str(t.folder), dtype="float32", progress=False, tp=2, rank=r)
+        assert part.config.num_key_value_heads == 1 and part.config.intermediate_size == 64
+        cut = shard_weights(TPShard(whole.config, 2, r), whole.weights)
+        for name, v in part.weights.tensors().items():
+            assert torch.equal(v, cut.tensors()[name]), name
+
+
+@pytest.mark.parametrize("name,tp,workers,batch", [("8b", 2, 264, 1), ("14b", 4, 132, 8), ("32b", 4, 264, 1),
+                                                   ("0.6b", 2, 8, 2)])
+@pytest.mark.parametrize("mode", ["megakernel", "superkernel"])
+def test_tp_tapes_are_valid(name, tp, workers, batch, mode):
+    """A rank's tape: its own shapes, O and down as partials, two REDUCE stages a layer (slots 2 l
+    and 2 l + 1), every stage scheduled once and deadlock-free (``validate``)."""
+    plan = make_plan(shard_config(PRESETS[name], tp), batch, 4096, workers, tp=tp)
+    assert plan.TP == tp and plan.HKV == PRESETS[name].num_key_value_heads // tp
+    tape = build_tape(plan, workers, mode=mode)
+    validate(tape)
+    ops = [ins for _, _, ins in tape.instructions()]
+    assert not any(i.op in (Op.OPROJ, Op.DOWN) for i in ops)
+    assert {i.layer for i in ops if i.op == Op.REDUCE} == set(range(2 * plan.L))
+
+
+PROMPTS = [[1, 2, 3, 4, 5], [6, 7]]
+
+
+@pytest.fixture(scope="module")
+def tp_checkpoint(tmp_path_factory):
+    from tests.conftest import SEED, build_checkpoint
+    return build_checkpoint(tmp_path_factory.mktemp("tp") / "ckpt", SEED, heads=4, kv_heads=2)
+
+
+def test_tp2_equals_tp1_on_every_backend(tp_checkpoint):
+    """Two gloo processes running reference, vm, per-op and the megakernel at TP 2 give TP 1's
+    tokens, and logits within float32 rounding of TP 1's (the sums are split differently), the
+    same on both ranks to the bit (every rank adds the partials in one order)."""
+    folder = str(tp_checkpoint.folder)
+    backends = ("reference", "vm", "per-op", "megakernel")
+    one = tp_ranks.decode(0, 1, folder, ["reference"], PROMPTS, 5)["reference"]
+    ranks = tp_mod.spawn(2, tp_ranks.decode, 2, folder, backends, PROMPTS, 5, timeout_s=300)
+    for backend in backends:
+        (tok0, lg0), (tok1, lg1) = ranks[0][backend], ranks[1][backend]
+        assert tok0.tolist() == one[0].tolist(), backend
+        assert torch.equal(tok0, tok1) and torch.equal(lg0, lg1), backend
+        torch.testing.assert_close(lg0, one[1], rtol=1e-4, atol=1e-4, msg=backend)
+
+
+def test_tp2_megakernel_several_steps_a_launch(tp_checkpoint):
+    """Steps in launches of three: each launch's later steps wait on the previous step's ARGMAX and
+    the REDUCE flags take the step's number, so a launch of several steps pairs up across ranks."""
+    folder = str(tp_checkpoint.folder)
+    one = tp_ranks.decode(0, 1, folder, ["reference"], PROMPTS, 6)["reference"]
+    ranks = tp_mod.spawn(2, tp_ranks.decode, 2, folder, ["megakernel", "superkernel"], PROMPTS, 6, 3,
+                         timeout_s=300)
+    for r in range(2):
+        assert ranks[r]["megakernel"][0].tolist() == one[0].tolist()
+        assert ranks[r]["superkernel"][0].tolist() == one[0].tolist()
+
+
+def test_a_rank_that_aborts_stops_the_others(tp_checkpoint):
+    """Rank 1 aborts after a step (as a failing step does): rank 0's next megakernel step raises
+    RankError naming rank 1, at once, not after a timeout."""
+    seen = tp_mod.spawn(2, tp_ranks.stop_one, 2, str(tp_checkpoint.folder), "megakernel", PROMPTS, 1, "abort",
+                        timeout_s=300)
+    assert seen[1] == "stopped"
+    assert seen[0].startswith("RankError: megakernel rank 0 of 2: rank 1 aborted the run"), seen[0]
