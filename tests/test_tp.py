@@ -4,6 +4,8 @@ interpreter with shared files standing in for symmetric memory."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -122,3 +124,33 @@ def test_a_rank_that_aborts_stops_the_others(tp_checkpoint):
                         timeout_s=300)
     assert seen[1] == "stopped"
     assert seen[0].startswith("RankError: megakernel rank 0 of 2: rank 1 aborted the run"), seen[0]
+
+
+def test_generate_cli_tp(cli):
+    """generate --tp 2 starts two processes and prints rank 0's tokens, the same as --tp 1 (the
+    megakernel through the interpreter); a degree that is not one, or that the heads do not divide,
+    is one line and status 2 before any work."""
+    args = ("-m", "tiny-random", "--random-weights", "--prompt-ids", "1 2 3", "-n", "5")
+    one = cli(*args)
+    two = cli(*args, "--tp", "2", "--backend", "megakernel", timeout=300)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr[-2000:]
+    assert two.stdout.split() == one.stdout.split() and len(one.stdout.split()) == 5
+    assert "tensor parallel over 2 ranks" in two.stderr
+    for tp, msg in (("3", "degree 3 is not supported"), ("4", "2 key/value heads .* do not divide among 4")):
+        bad = cli(*args, "--tp", tp)
+        assert bad.returncode == 2 and bad.stdout == ""
+        assert re.search(msg, bad.stderr.strip().splitlines()[-1]), bad.stderr
+
+
+def test_headline_has_a_tp_column_for_tp_rows():
+    from megakernel import results
+    base = dict(device="NVIDIA H100", model="14b", dtype="bfloat16", batch_size=1, prompt_len=128, new_tokens=128,
+                time="2026-11-26T00:00:00", git_commit="abc", git_dirty=False, floor_ms=1.0, pct_of_floor=50.0)
+    rows = [dict(base, backend="megakernel", ms_per_step=9.0),
+            dict(base, backend="megakernel", ms_per_step=5.0, tp=2),
+            dict(base, backend="cuda-graph", ms_per_step=6.0, tp=2)]
+    lines = [ln for ln in results.headline_markdown(rows).splitlines() if ln.startswith("| ") and "---" not in ln]
+    assert lines[0].startswith("| device | model | dtype | batch | tp |")
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[1:]]
+    assert [(c[4], c[7], c[8]) for c in cells] == [("1", "9.000", "-"), ("2", "5.000", "6.000")]
+    assert "tp" not in results.headline_markdown(rows[:1]).splitlines()[0]
