@@ -39,10 +39,11 @@ def decode(rank: int, tp: int, name: str, backends, prompts, steps: int, per_lau
 
 def stop_one(rank: int, tp: int, name: str, backend: str, prompts, stopping: int, how: str, dtype: str = "float32",
              device=None, **options) -> str:
-    """Rank ``stopping`` stops after the prefill (``how``: "abort", its step failing, which writes the
-    abort word; "exit", the process ending without a word), the others go on stepping. Returns
-    what each rank saw: the error it raised (type and message), or "stopped"."""
-    import os
+    """Rank ``stopping`` stops after a first step, the others go on stepping. ``how``: "abort", its
+    next step fails (it writes the abort word, as a failing step does, then steps on); "exit", its
+    process ends without a word. Returns what each rank saw: the error it raised (type, message and
+    seconds it took), or "exited"."""
+    import time
 
     from megakernel import MegaQwen3
 
@@ -50,15 +51,16 @@ def stop_one(rank: int, tp: int, name: str, backend: str, prompts, stopping: int
     mk = MegaQwen3(model, max_seq_len=32, batch_size=len(prompts), backend=backend, **options)
     mk.prefill(prompts)
     mk.step()
+    mk.backend.synchronize()
     if rank == stopping:
         if how == "exit":
-            os._exit(0)
+            return "exited"
         mk.tp_group.abort()
-        return "stopped"
+    t0 = time.perf_counter()
     try:
         for _ in range(4):
             mk.step()
             mk.backend.synchronize()
     except Exception as e:
-        return f"{type(e).__name__}: {e}"
+        return f"{type(e).__name__}: {e} ({time.perf_counter() - t0:.1f} s)"
     return "no error"
