@@ -198,6 +198,22 @@ class TPGroup:
         self.flags[1:].zero_()
         self.barrier()
 
+    # the served calls (``Leader``, ``follow``): Python objects over a gloo group beside NCCL's,
+    # made by the first call (every rank's first is the server's warm-up)
+
+    def _control(self):
+        if getattr(self, "_ctrl", None) is None:
+            self._ctrl = self.dist.new_group(backend="gloo") if self.device.type == "cuda" else self.dist.group.WORLD
+        return self._ctrl
+
+    def send_call(self, msg):
+        self.dist.broadcast_object_list([msg], src=0, group=self._control())
+
+    def recv_call(self):
+        box = [None]
+        self.dist.broadcast_object_list(box, src=0, group=self._control())
+        return box[0]
+
     def close(self):
         if self.dist.is_initialized():
             self.dist.destroy_process_group()
@@ -389,3 +405,61 @@ def start(tp: int, device: torch.device, config, target: str, argv: list[str]) -
         device = torch.device("cuda", local)
     init(tp, device)
     return None, device
+
+
+# -----------------------------------------------------------------------------------------------
+# serving: rank 0 takes the requests, the other ranks repeat its calls
+
+
+class Leader:
+    """Rank 0's ``MegaQwen3`` in a served tensor-parallel run (``megakernel.serve``): the calls that
+    change the batch (``CALLS``) go to every rank before they run here, with the pending tokens of a
+    step (the server samples them into ``tokens`` on rank 0), so every rank runs the same steps;
+    anything else is this rank's ``MegaQwen3``'s."""
+
+    CALLS = ("prefill_slot", "set_token", "free_slot", "reset_slots", "step_slots", "reset")
+
+    def __init__(self, mk, group: TPGroup):
+        self._mk, self._group = mk, group
+
+    def __getattr__(self, name):
+        attr = getattr(self._mk, name)
+        if name not in self.CALLS:
+            return attr
+
+        def call(*args, **kwargs):
+            tokens = self._mk.tokens.cpu() if name == "step_slots" else None
+            self._group.send_call((name, _to_host(args), _to_host(kwargs), tokens))
+            return attr(*args, **kwargs)
+        return call
+
+    def stop(self):
+        """Let the other ranks' ``follow`` return."""
+        self._group.send_call(None)
+
+
+def _to_host(value):
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_host(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_host(v) for k, v in value.items()}
+    return value
+
+
+def follow(mk, group: TPGroup) -> int:
+    """A rank other than 0 of a served run: repeat rank 0's calls (``Leader``) on ``mk`` until it
+    stops; 0. A call that fails here fails on rank 0 too (a failed step raises ``RankError`` on
+    every rank), which reports it; this rank goes on following."""
+    while True:
+        msg = group.recv_call()
+        if msg is None:
+            return 0
+        name, args, kwargs, tokens = msg
+        if tokens is not None:
+            mk.tokens.copy_(tokens)
+        try:
+            getattr(mk, name)(*args, **kwargs)
+        except Exception as e:
+            print(f"error: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
