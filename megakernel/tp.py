@@ -176,11 +176,15 @@ class TPGroup:
 
     def abort(self):
         """Tell every rank's kernel to stop at its next REDUCE: write 1 + this rank into every
-        rank's abort word (``flags[0]``), this one's too, so the group stays stopped."""
-        if not hasattr(self, "flags"):
+        rank's abort word (``flags[0]``), this one's too, so the group stays stopped. The first
+        abort wins: a rank already stopped by another's word passes it on as it is (the aborting
+        rank has written it everywhere), and a word already set is not overwritten."""
+        if not hasattr(self, "flags") or int(self.flags[0]):
             return
         for r in range(self.tp):
-            self._peer_flags(r)[:1].fill_(1 + self.rank)
+            word = self._peer_flags(r)[:1]
+            if not int(word.item()):
+                word.fill_(1 + self.rank)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
