@@ -43,7 +43,7 @@ import triton.language as tl
 from scheduler.kinds import Op
 
 from .common import ACQUIRE, RELAXED, RELEASE, STORE, gemv_tile, wait_counter
-from .kind import DeviceKind
+from .kind import DeviceKind, weight_rows
 
 # ``seen`` codes of a REDUCE that gave up (below every legal count, which is >= 0)
 PEER_TIMEOUT: tl.constexpr = tl.constexpr(-16)          # - r: rank r's flag never reached this step
@@ -51,15 +51,16 @@ ABORTED: tl.constexpr = tl.constexpr(-(1 << 20))        # - r: rank r wrote the 
 
 
 @triton.jit
-def partial_tile(t0, t1, layer, slot, in_ptr, w_base, part_ptr, cnt_ptr, target,
+def partial_tile(t0, t1, layer, slot, in_ptr, w_base, ws_base, part_ptr, cnt_ptr, target,
                  B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-                 WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr,
+                 SB: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr,
                  POOL: tl.constexpr, claims_ptr, claims_base):
     """part[slot, b, rows] = W[layer, rows] @ in[b]: this rank's partial sum of O (in = attn) or
-    down (in = act)."""
-    return gemv_tile(t0, t1, w_base + tl.cast(layer, tl.int64) * (N * K), in_ptr, in_ptr, 0.0,
-                     part_ptr + tl.cast(slot, tl.int64) * (B * N), part_ptr, cnt_ptr, target, B, N, K, R, BK, False,
-                     STORE, WAIT, SPIN, BT, tr, TRACE, POOL, claims_ptr, claims_base)
+    down (in = act); FP8 weights with their scale grid at ``ws_base`` (``matvec.residual_tile``)."""
+    return gemv_tile(t0, t1, w_base + tl.cast(layer, tl.int64) * (N * K),
+                     ws_base + layer * ((N + SB - 1) // SB * ((K + 127) // 128)), in_ptr, in_ptr, 0.0,
+                     part_ptr + tl.cast(slot, tl.int64) * (B * N), part_ptr, cnt_ptr, target, B, N, K, R, BK, SB,
+                     False, STORE, WAIT, SPIN, BT, tr, TRACE, POOL, claims_ptr, claims_base)
 
 
 @triton.jit
@@ -112,21 +113,23 @@ def reduce_tile(t0, t1, slot, part_ptr, x_ptr, peers_ptr, flags_ptr, cnt_ptr, ta
 
 # The per-op kernels: a program per tile, no wait, no pool.
 @triton.jit
-def opart_kernel(layer, attn_ptr, wo_ptr, part_ptr, B: tl.constexpr, H: tl.constexpr, HQ: tl.constexpr,
-                 D: tl.constexpr, R_O: tl.constexpr, BK_Q: tl.constexpr, BATCHED: tl.constexpr):
+def opart_kernel(layer, attn_ptr, wo_ptr, wo_scale_ptr, part_ptr, B: tl.constexpr, H: tl.constexpr,
+                 HQ: tl.constexpr, D: tl.constexpr, R_O: tl.constexpr, BK_Q: tl.constexpr, SCALE_ROWS: tl.constexpr,
+                 BATCHED: tl.constexpr):
     pid = tl.program_id(0)
-    partial_tile(pid, pid + 1, layer, 2 * layer, attn_ptr, wo_ptr, part_ptr, cnt_ptr=attn_ptr, target=0, B=B, N=H,
-                 K=HQ * D, R=R_O, BK=BK_Q, WAIT=False, SPIN=0, BT=BATCHED, tr=part_ptr, TRACE=False, POOL=0,
-                 claims_ptr=part_ptr, claims_base=0)
+    partial_tile(pid, pid + 1, layer, 2 * layer, attn_ptr, wo_ptr, wo_scale_ptr, part_ptr, cnt_ptr=attn_ptr, target=0,
+                 B=B, N=H, K=HQ * D, R=R_O, BK=BK_Q, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BATCHED, tr=part_ptr,
+                 TRACE=False, POOL=0, claims_ptr=part_ptr, claims_base=0)
 
 
 @triton.jit
-def dpart_kernel(layer, act_ptr, wdown_ptr, part_ptr, B: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
-                 R_DOWN: tl.constexpr, BK_I: tl.constexpr, BATCHED: tl.constexpr):
+def dpart_kernel(layer, act_ptr, wdown_ptr, wdown_scale_ptr, part_ptr, B: tl.constexpr, H: tl.constexpr,
+                 I: tl.constexpr, R_DOWN: tl.constexpr, BK_I: tl.constexpr, SCALE_ROWS: tl.constexpr,
+                 BATCHED: tl.constexpr):
     pid = tl.program_id(0)
-    partial_tile(pid, pid + 1, layer, 2 * layer + 1, act_ptr, wdown_ptr, part_ptr, cnt_ptr=act_ptr, target=0, B=B,
-                 N=H, K=I, R=R_DOWN, BK=BK_I, WAIT=False, SPIN=0, BT=BATCHED, tr=part_ptr, TRACE=False, POOL=0,
-                 claims_ptr=part_ptr, claims_base=0)
+    partial_tile(pid, pid + 1, layer, 2 * layer + 1, act_ptr, wdown_ptr, wdown_scale_ptr, part_ptr, cnt_ptr=act_ptr,
+                 target=0, B=B, N=H, K=I, R=R_DOWN, BK=BK_I, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BATCHED,
+                 tr=part_ptr, TRACE=False, POOL=0, claims_ptr=part_ptr, claims_base=0)
 
 
 def _rows(t0, t1, R, N):
@@ -135,12 +138,12 @@ def _rows(t0, t1, R, N):
 
 def opart_ref(st, p, layer, t0, t1):
     r = _rows(t0, t1, p.R_O, p.H)
-    st.part[2 * layer][:, r] = st.attn.float() @ st.wo[layer, r].float().T
+    st.part[2 * layer][:, r] = st.attn.float() @ weight_rows(st, p, "wo", layer, r).T
 
 
 def dpart_ref(st, p, layer, t0, t1):
     r = _rows(t0, t1, p.R_DOWN, p.H)
-    st.part[2 * layer + 1][:, r] = st.act.float() @ st.wdown[layer, r].float().T
+    st.part[2 * layer + 1][:, r] = st.act.float() @ weight_rows(st, p, "wdown", layer, r).T
 
 
 def reduce_ref(st, p, slot, t0, t1):
@@ -168,8 +171,9 @@ def reduce_host(st, plan, layer):
 
 
 KINDS = (
-    DeviceKind(Op.OPART, partial_tile, opart_kernel, opart_ref, reads=("attn", "wo"), writes=("part",)),
-    DeviceKind(Op.DPART, partial_tile, dpart_kernel, dpart_ref, reads=("act", "wdown"), writes=("part",)),
+    DeviceKind(Op.OPART, partial_tile, opart_kernel, opart_ref, reads=("attn", "wo", "wo_scale"), writes=("part",)),
+    DeviceKind(Op.DPART, partial_tile, dpart_kernel, dpart_ref, reads=("act", "wdown", "wdown_scale"),
+               writes=("part",)),
     DeviceKind(Op.REDUCE, reduce_tile, None, reduce_ref, reads=("part", "peers", "flags", "x"),
                writes=("x", "flags"), host=reduce_host),
 )

@@ -1,6 +1,12 @@
 """Device helpers every instruction kind shares: the bounded counter wait, RMSNorm statistics,
 and the row-block GEMV core.
 
+FP8 weights (``models/qwen3/fp8.py``): where a projection's pointer is to float8e4nv, the GEMV
+core also reads its float32 block scales (``ws_ptr``: row r, column k has scale
+``ws[r // SB, k // 128]``) and dequantizes in registers; activations and float32 accumulation are
+as for 16-bit weights. The weight pointer's element type is a compile-time property, so 16-bit
+weights compile as they did before FP8 existed.
+
 Memory ordering (docs/design.md, "Memory ordering"): a consumer's poll is a scalar
 ``atomic_add(ptr, 0, sem="acquire")``, which Triton lowers to one ``ld.acquire.gpu`` on one
 thread and broadcasts through shared memory with a CTA barrier; loads of activations written by
@@ -97,6 +103,41 @@ def load_w(w_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, BK: tl.co
 
 
 @triton.jit
+def load_s(w_ptr, ws_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, BK: tl.constexpr,
+           SB: tl.constexpr):
+    """The block scales of ``load_w``'s block where w_ptr is FP8: [R, NB], the scales of rows
+    [row0, row0 + R) over the chunk's NB = max(1, BK / 128) 128-column blocks (a chunk narrower
+    than 128 lies in one block, since chunks are powers of two from 0). Loaded with the weights,
+    before the wait. A float32 1 for 16-bit weights, which nothing reads."""
+    if w_ptr.dtype.element_ty == tl.float8e4nv:
+        NB: tl.constexpr = BK // 128 if BK > 128 else 1
+        KB: tl.constexpr = (K + 127) // 128
+        r = row0 + tl.arange(0, R)
+        j = k0 // 128 + tl.arange(0, NB)
+        s = tl.load(ws_ptr + (r // SB)[:, None] * KB + j[None, :], mask=(r[:, None] < row_end) & (j[None, :] < KB),
+                    other=0.0)
+    else:
+        s = tl.full([], 1.0, tl.float32)
+    return s
+
+
+@triton.jit
+def wf32(w, s, R: tl.constexpr, BK: tl.constexpr):
+    """A [R, BK] weight block in float32: 16-bit weights converted; FP8 ones times their block's
+    scale (``load_s``), elementwise as ``models.qwen3.fp8`` dequantizes, so the product is the
+    reference's weight exactly."""
+    if w.dtype == tl.float8e4nv:
+        if BK > 128:
+            NB: tl.constexpr = BK // 128
+            wf = tl.reshape(tl.reshape(w.to(tl.float32), (R, NB, 128)) * s[:, :, None], (R, BK))
+        else:
+            wf = w.to(tl.float32) * s
+    else:
+        wf = w.to(tl.float32)
+    return wf
+
+
+@triton.jit
 def load_nw(nw_ptr, K: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr):
     """The first K-chunk of a norm weight as float32 (0 without NORM): a weight, so it is loaded
     before the wait on the input."""
@@ -126,54 +167,64 @@ def load_xn(x_ptr, nw_ptr, nw0, eps, K: tl.constexpr, BK: tl.constexpr, NORM: tl
 
 
 @triton.jit
-def dot_rows(w_ptr, w0, xn0, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, rstd,
-             NORM: tl.constexpr, R: tl.constexpr, BK: tl.constexpr):
+def dot_rows(w_ptr, ws_ptr, w0, s0, xn0, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, rstd,
+             NORM: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr):
     """acc[r] = sum_k W[row0 + r, k] * v[k] for r < R, where v = x (float32, read through L2) or,
     with NORM, v = x * rstd * norm_weight. ``w0`` and ``xn0`` are the first K-chunk of the weights
-    and of v, already loaded. Where K takes several chunks, each chunk's loads are issued before
-    the previous chunk's product (two chunks in registers), so a tile waits on memory once, not
-    once per chunk; the sums are added in the same order either way."""
-    return dot_rows2(w_ptr, w_ptr, w0, w0, xn0, row0, row_end, K, x_ptr, nw_ptr, rstd, NORM, R, BK, False)[0]
+    and of v, already loaded (``s0``: the chunk's FP8 scales, ``load_s``). Where K takes several
+    chunks, each chunk's loads are issued before the previous chunk's product (two chunks in
+    registers), so a tile waits on memory once, not once per chunk; the sums are added in the same
+    order either way."""
+    return dot_rows2(w_ptr, w_ptr, ws_ptr, ws_ptr, w0, w0, s0, s0, xn0, row0, row_end, K, x_ptr, nw_ptr, rstd,
+                     NORM, R, BK, SB, False)[0]
 
 
 @triton.jit
-def dot_rows2(a_ptr, b_ptr, a0, b0, xn0, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, rstd,
-              NORM: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, TWO: tl.constexpr):
+def dot_rows2(a_ptr, b_ptr, as_ptr, bs_ptr, a0, b0, sa0, sb0, xn0, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr,
+              rstd, NORM: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr, TWO: tl.constexpr):
     """``dot_rows`` of the same rows of A and, with TWO, of B over one input v (gate and up): each
     K-chunk's loads of both matrices and of v go out together, before the previous chunk's
     products, so the second matrix's chunk is not a round trip of its own after the first's (a
     tile of 32b's gate/up, K 5120, is two chunks). Returns (acc_a, acc_b); acc_b is acc_a without
     TWO. Each sum is added in ``dot_rows``' order."""
     if K <= BK:
-        acc_a = tl.sum(a0.to(tl.float32) * xn0[None, :], axis=1)
+        acc_a = tl.sum(wf32(a0, sa0, R, BK) * xn0[None, :], axis=1)
         acc_b = acc_a
         if TWO:
-            acc_b = tl.sum(b0.to(tl.float32) * xn0[None, :], axis=1)
+            acc_b = tl.sum(wf32(b0, sb0, R, BK) * xn0[None, :], axis=1)
     else:
         a = load_w(a_ptr, row0, row_end, K, BK, R, BK)
+        sa = load_s(a_ptr, as_ptr, row0, row_end, K, BK, R, BK, SB)
         b = a
+        sb = sa
         if TWO:
             b = load_w(b_ptr, row0, row_end, K, BK, R, BK)
+            sb = load_s(b_ptr, bs_ptr, row0, row_end, K, BK, R, BK, SB)
         x = _load_xk(x_ptr, nw_ptr, rstd, BK, K, NORM, BK)
-        acc_a = tl.sum(a0.to(tl.float32) * xn0[None, :], axis=1)
+        acc_a = tl.sum(wf32(a0, sa0, R, BK) * xn0[None, :], axis=1)
         acc_b = acc_a
         if TWO:
-            acc_b = tl.sum(b0.to(tl.float32) * xn0[None, :], axis=1)
+            acc_b = tl.sum(wf32(b0, sb0, R, BK) * xn0[None, :], axis=1)
         for k0 in range(2 * BK, K, BK):
             a_next = load_w(a_ptr, row0, row_end, K, k0, R, BK)
+            sa_next = load_s(a_ptr, as_ptr, row0, row_end, K, k0, R, BK, SB)
             b_next = a_next
+            sb_next = sa_next
             if TWO:
                 b_next = load_w(b_ptr, row0, row_end, K, k0, R, BK)
+                sb_next = load_s(b_ptr, bs_ptr, row0, row_end, K, k0, R, BK, SB)
             x_next = _load_xk(x_ptr, nw_ptr, rstd, k0, K, NORM, BK)
-            acc_a += tl.sum(a.to(tl.float32) * x[None, :], axis=1)
+            acc_a += tl.sum(wf32(a, sa, R, BK) * x[None, :], axis=1)
             if TWO:
-                acc_b += tl.sum(b.to(tl.float32) * x[None, :], axis=1)
+                acc_b += tl.sum(wf32(b, sb, R, BK) * x[None, :], axis=1)
             a = a_next
             b = b_next
+            sa = sa_next
+            sb = sb_next
             x = x_next
-        acc_a += tl.sum(a.to(tl.float32) * x[None, :], axis=1)
+        acc_a += tl.sum(wf32(a, sa, R, BK) * x[None, :], axis=1)
         if TWO:
-            acc_b += tl.sum(b.to(tl.float32) * x[None, :], axis=1)
+            acc_b += tl.sum(wf32(b, sb, R, BK) * x[None, :], axis=1)
     return acc_a, acc_b
 
 
@@ -217,12 +268,12 @@ def argmax_key_ref(v, idx):
 
 
 @triton.jit
-def gemv_rows(t, w0, xn0, rstd, row_end, w_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_ptr,
+def gemv_rows(t, w0, s0, xn0, rstd, row_end, w_ptr, ws_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_ptr,
               B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-              NORM: tl.constexpr, EPI: tl.constexpr, first, tr,
+              SB: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr, first, tr,
               TRACE: tl.constexpr):
     """Tile t of ``gemv_tile``: its R rows over each of the B input rows, from the tile's first
-    weight chunk ``w0`` (and, at batch 1, the first chunk of the input ``xn0`` with its 1/rms).
+    weight chunk ``w0`` and its FP8 scales ``s0`` (and, at batch 1, the first chunk of the input ``xn0`` with its 1/rms).
     Returns the tile's ``argmax_key`` at batch 1 with EPI ARGMAX (the caller raises ``aux`` once
     per instruction; above batch 1 each row's key is raised here), else KEY_EMPTY."""
     rows = t * R + tl.arange(0, R)
@@ -233,7 +284,7 @@ def gemv_rows(t, w0, xn0, rstd, row_end, w_ptr, in_ptr, nw_ptr, nw0, eps, out_pt
         if EPI == RESIDUAL:
             # the rows this tile adds to, asked for before its math so the two overlap
             res = tl.load(out_ptr + b * N + rows, mask=rows < row_end, other=0.0, cache_modifier=".cg")
-        acc = dot_rows(w_ptr, w0, xn0, t * R, row_end, K, in_ptr + b * K, nw_ptr, rstd, NORM, R, BK)
+        acc = dot_rows(w_ptr, ws_ptr, w0, s0, xn0, t * R, row_end, K, in_ptr + b * K, nw_ptr, rstd, NORM, R, BK, SB)
         if TRACE == 1:     # per tile: a CTA-wide reduction each (TRACE 2, the light trace, skips it)
             stamp(tr, T_COMPUTED, tl.sum(acc, axis=0), TRACE)
             if first:
@@ -288,30 +339,31 @@ def next_tile(t, t1, c, claims_ptr, claims_base, NT: tl.constexpr, POOL: tl.cons
 
 
 @triton.jit
-def gemv_tile(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
+def gemv_tile(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
               B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-              NORM: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr,
+              SB: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr,
               BT: tl.constexpr, tr, TRACE: tl.constexpr, POOL: tl.constexpr, claims_ptr, claims_base):
     """Tiles [t0, t1) of rows R of a row-major [N, K] GEMV over each of B input rows (RMS-normalised
-    with weight ``nw`` when NORM), with the epilogue EPI; then, with a POOL (the op's last POOL
+    with weight ``nw`` when NORM), with the epilogue EPI (FP8 weights with their scales ``ws``
+    at SB rows a scale row); then, with a POOL (the op's last POOL
     tiles, ``scheduler/ops.py``), pool tiles claimed from ``claims_ptr`` until it runs out, each
     claim asked for a tile before it is needed. The first tile's weights (and the norm weight)
     are loaded before the wait (weights never depend on activations), each next tile's while this
     one computes. (Only the first: more weights in flight before the wait measured slower, see
     docs/performance.md.)"""
     if BT:     # (an else, not an early return: the code after a return is still compiled)
-        seen = gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
-                          B, N, K, R, BK, NORM, EPI, WAIT, SPIN)
+        seen = gemv_batch(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
+                          B, N, K, R, BK, SB, NORM, EPI, WAIT, SPIN)
     else:
-        seen = gemv_rows_tiles(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
-                               B, N, K, R, BK, NORM, EPI, WAIT, SPIN, tr, TRACE, POOL, claims_ptr, claims_base)
+        seen = gemv_rows_tiles(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
+                               B, N, K, R, BK, SB, NORM, EPI, WAIT, SPIN, tr, TRACE, POOL, claims_ptr, claims_base)
     return seen
 
 
 @triton.jit
-def gemv_rows_tiles(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
+def gemv_rows_tiles(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
                     B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-                    NORM: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr,
+                    SB: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr,
                     tr, TRACE: tl.constexpr, POOL: tl.constexpr, claims_ptr, claims_base):
     """``gemv_tile``'s tiles with their weights in registers, looping over the B input rows."""
     NT: tl.constexpr = (N + R - 1) // R
@@ -321,6 +373,7 @@ def gemv_rows_tiles(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_pt
     else:
         row_end = tl.minimum(t1 * R, N)
     w0 = load_w(w_ptr, t0 * R, row_end, K, 0, R, BK)
+    s0 = load_s(w_ptr, ws_ptr, t0 * R, row_end, K, 0, R, BK, SB)
     nw0 = load_nw(nw_ptr, K, BK, NORM)
     seen = target
     if WAIT:
@@ -338,18 +391,22 @@ def gemv_rows_tiles(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_pt
         while t < NT:
             nt, c = next_tile(t, t1, c, claims_ptr, claims_base, NT, POOL)
             w_next = load_w(w_ptr, nt * R, row_end, K, 0, R, BK)      # nothing past the last row
-            key = gemv_rows(t, w0, xn0, rstd, row_end, w_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_ptr,
-                            B, N, K, R, BK, NORM, EPI, t == t0, tr, TRACE)
+            s_next = load_s(w_ptr, ws_ptr, nt * R, row_end, K, 0, R, BK, SB)
+            key = gemv_rows(t, w0, s0, xn0, rstd, row_end, w_ptr, ws_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_ptr,
+                            B, N, K, R, BK, SB, NORM, EPI, t == t0, tr, TRACE)
             kmax = tl.maximum(kmax, key)
             w0 = w_next
+            s0 = s_next
             t = nt
     else:
         for t in range(t0, t1):
             w_next = load_w(w_ptr, (t + 1) * R, row_end, K, 0, R, BK)
-            key = gemv_rows(t, w0, xn0, rstd, row_end, w_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_ptr,
-                            B, N, K, R, BK, NORM, EPI, t == t0, tr, TRACE)
+            s_next = load_s(w_ptr, ws_ptr, (t + 1) * R, row_end, K, 0, R, BK, SB)
+            key = gemv_rows(t, w0, s0, xn0, rstd, row_end, w_ptr, ws_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_ptr,
+                            B, N, K, R, BK, SB, NORM, EPI, t == t0, tr, TRACE)
             kmax = tl.maximum(kmax, key)
             w0 = w_next
+            s0 = s_next
     if (EPI == ARGMAX) & (B == 1):
         tl.atomic_max(aux_ptr, kmax, sem=RELAXED, scope="gpu")     # one atomic per instruction
     return seen
@@ -383,6 +440,22 @@ def load_wbs(w_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, R_PAD: 
 
 
 @triton.jit
+def load_sbs(w_ptr, ws_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, R_PAD: tl.constexpr,
+             S: tl.constexpr, KS: tl.constexpr, SB: tl.constexpr):
+    """The FP8 scales of ``load_wbs``' block as [S, R_PAD]: slice s (columns k0 + s*KS, KS <= 128,
+    so within one 128-column block) of row r has ws[(row0 + r) // SB, (k0 + s*KS) // 128]. A
+    float32 1 for 16-bit weights, which nothing reads."""
+    if w_ptr.dtype.element_ty == tl.float8e4nv:
+        KB: tl.constexpr = (K + 127) // 128
+        r = tl.arange(0, R_PAD)[None, :]
+        j = (k0 + tl.arange(0, S)[:, None] * KS) // 128
+        s = tl.load(ws_ptr + ((row0 + r) // SB) * KB + j, mask=(r < R) & (row0 + r < row_end) & (j < KB), other=0.0)
+    else:
+        s = tl.full([], 1.0, tl.float32)
+    return s
+
+
+@triton.jit
 def load_xbs(x_ptr, nw_ptr, K: tl.constexpr, k0, NORM: tl.constexpr, B: tl.constexpr, B_PAD: tl.constexpr,
              S: tl.constexpr, KS: tl.constexpr):
     """(columns [k0, k0+S*KS) of B float32 rows of K, read through L2 and times the norm weight
@@ -394,6 +467,25 @@ def load_xbs(x_ptr, nw_ptr, K: tl.constexpr, k0, NORM: tl.constexpr, B: tl.const
     if NORM:
         x = x * tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
     return x, ss
+
+
+@triton.jit
+def mac_dot_fp8(acc3, x3, w3, s3, EXACT: tl.constexpr):
+    """``mac_dot`` of FP8 weights: acc3[s] += (x3[s] @ w3[s]^T) * scale[s] (per output row; a
+    slice lies in one 128-column block). e4m3 converts to bf16 exactly, so the MMAs see the stored
+    weights and the scale is applied in float32 to each slice's partial sum; with 16-bit
+    activations x is split into a bf16 head and remainder as in ``mac_dot``. EXACT (a float32
+    model, the CPU's): the product in full float32 instead."""
+    wt = tl.permute(w3, (0, 2, 1))
+    if EXACT:
+        part = tl.dot(x3, wt.to(tl.float32), input_precision="ieee")
+    else:
+        wb = wt.to(tl.bfloat16)
+        xh = x3.to(tl.bfloat16)
+        xl = (x3 - xh.to(tl.float32)).to(tl.bfloat16)
+        part = tl.dot(xh, wb)
+        part = tl.dot(xl, wb, part)
+    return acc3 + part * s3[:, None, :]
 
 
 @triton.jit
@@ -455,12 +547,13 @@ def _batch_epilogue(acc3, acc3_2, ss2, row0, row_end, out_ptr, aux_ptr, eps, B: 
 
 
 @triton.jit
-def batch_tiles(t0, t1, w_ptr, w2_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
-                B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
+def batch_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
+                B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, SB: tl.constexpr,
                 NORM: tl.constexpr, TWO: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
     """Tiles [t0, t1) of R rows of out[B, N] = X[B, K] @ W[N, K]^T (each input row RMS-normalised
     with its own statistics and the norm weight when NORM), weights read once for all B rows, then
     the epilogue EPI (STORE, RESIDUAL, ARGMAX, or GATEUP with W2 the up rows beside W's gate rows).
+    FP8 weights come with their scales ``ws`` (``ws2``: W2's), SB rows a scale row.
     After the wait on the input, one flat pipelined loop over (tile, K-chunk), so the pipeline
     does not drain between tiles. (Asking for the first chunk before the wait, as the batch-1 tiles
     do, did not pay here: more spills; docs/performance.md.) Returns the wait's last counter value."""
@@ -478,6 +571,12 @@ def batch_tiles(t0, t1, w_ptr, w2_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cn
     S0: tl.constexpr = 4 if B_PAD * R_PAD <= 256 else 2 if B_PAD * R_PAD <= 1024 else 1
     S: tl.constexpr = S0 if KC // S0 >= 16 else 1
     KS: tl.constexpr = KC // S
+    FP8: tl.constexpr = w_ptr.dtype.element_ty == tl.float8e4nv
+    # a float32 model (the CPU's) multiplies FP8 weights in float32; the norm weight is in the
+    # model's dtype (O and down pass their input there, also in the model's dtype)
+    EXACT: tl.constexpr = nw_ptr.dtype.element_ty == tl.float32
+    if FP8:
+        tl.static_assert(KS <= 128, "an FP8 K-slice must lie in one 128-column scale block")
     CHUNK_BYTES: tl.constexpr = (2 if TWO else 1) * R_PAD * KC * 2 + B_PAD * KC * 4    # 16-bit weights
     AHEAD: tl.constexpr = SMEM_BYTES // CHUNK_BYTES
     STAGES: tl.constexpr = 2 if AHEAD < 1 else 1 + (MAX_AHEAD if AHEAD > MAX_AHEAD else AHEAD)
@@ -496,9 +595,16 @@ def batch_tiles(t0, t1, w_ptr, w2_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cn
         if TWO:
             w2 = load_wbs(w2_ptr, t * R, row_end, K, k0, R, R_PAD, S, KS)
         x, sq = load_xbs(in_ptr, nw_ptr, K, k0, NORM, B, B_PAD, S, KS)
-        acc3 = mac_dot(acc3, x, w)
-        if TWO:
-            acc3_2 = mac_dot(acc3_2, x, w2)
+        if FP8:
+            sw = load_sbs(w_ptr, ws_ptr, t * R, row_end, K, k0, R, R_PAD, S, KS, SB)
+            acc3 = mac_dot_fp8(acc3, x, w, sw, EXACT)
+            if TWO:
+                sw2 = load_sbs(w2_ptr, ws2_ptr, t * R, row_end, K, k0, R, R_PAD, S, KS, SB)
+                acc3_2 = mac_dot_fp8(acc3_2, x, w2, sw2, EXACT)
+        else:
+            acc3 = mac_dot(acc3, x, w)
+            if TWO:
+                acc3_2 = mac_dot(acc3_2, x, w2)
         ss2 += sq
         if k0 + KC >= K:     # the tile's last chunk: its epilogue, then a fresh accumulator
             _batch_epilogue(acc3, acc3_2, ss2, t * R, row_end, out_ptr, aux_ptr, eps, B, N, K, R, NORM, EPI)
@@ -509,9 +615,9 @@ def batch_tiles(t0, t1, w_ptr, w2_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cn
 
 
 @triton.jit
-def gemv_batch(t0, t1, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
+def gemv_batch(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
                B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-               NORM: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
+               SB: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
     """``gemv_tile`` for batched plans (``batch_tiles``)."""
-    return batch_tiles(t0, t1, w_ptr, w_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
-                       B, N, K, R, NORM, False, EPI, WAIT, SPIN)
+    return batch_tiles(t0, t1, w_ptr, w_ptr, ws_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
+                       B, N, K, R, SB, NORM, False, EPI, WAIT, SPIN)

@@ -23,3 +23,16 @@ class DeviceKind:
     # the per-op backends' step of a kind that is no kernel there: fn(st, plan, layer) on the host
     # between launches (REDUCE: torch.distributed's all-reduce)
     host: Callable | None = None
+
+
+def weight_rows(st, plan, name: str, layer: int, rows: slice):
+    """Rows ``rows`` of layer ``layer``'s projection ``name`` as float32 for a torch reference:
+    FP8 weights (``plan.FP8``) dequantized from their scale grid ``<name>_scale`` as the tiles do."""
+    w = st[name]
+    if not plan.FP8:
+        return w[layer, rows].float()
+    from models.qwen3.fp8 import dequantize_grid
+    sb = plan.SCALE_ROWS
+    g0 = rows.start // sb
+    part = dequantize_grid(w[layer, g0 * sb:rows.stop], st[name + "_scale"][layer, g0:], sb)
+    return part[rows.start - g0 * sb:]

@@ -11,6 +11,7 @@ COMMANDS = {
     "generate": ("megakernel.generate", "continue prompts with a Qwen3 model, streaming the text"),
     "serve": ("megakernel.serve", "an OpenAI-compatible HTTP server"),
     "bench": ("megakernel.bench", "time the megakernel against its baselines on one prompt"),
+    "tune": ("megakernel.tune", "measure tile plans on this GPU and cache the fastest"),
     "tape": ("megakernel.tape", "print a model's instruction tape and its cost estimate, without weights"),
     "compile_check": ("megakernel.compile_check", "compile every kernel for a GPU target, without a GPU"),
 }

@@ -53,12 +53,15 @@ def default_workers(device: torch.device) -> int:
 
 
 def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = None, num_warps: int = 4) -> Plan:
-    """The tile sizes for ``workers`` workers, with any fields overridden (experiments). The
+    """The tile sizes for ``workers`` workers: the rules' plan, with the fields of ``mk``'s tuned
+    plan where it runs one (``megakernel.plans``), then any fields overridden (experiments). The
     persistent and per-op backends both use it, so with the same workers their numbers agree bit
     for bit."""
     plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk, num_warps=num_warps,
-                     tp=getattr(mk, "tp", 1))
-    return dataclasses.replace(plan, **(overrides or {}))
+                     tp=getattr(mk, "tp", 1), fp8=mk.weights.quantization == "fp8")
+    choice = getattr(mk, "plan_choice", None)
+    tuned = choice.entry.fields if choice is not None and choice.entry is not None else {}
+    return dataclasses.replace(plan, **{**tuned, **(overrides or {})})
 
 
 def _check_kernel_device(mk, name):

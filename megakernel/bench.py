@@ -136,10 +136,11 @@ def step_bytes(model, lengths: list[int]) -> int:
 class KernelRunner:
     """A MegaQwen3 backend; prompts are prefilled by MegaQwen3.prefill."""
 
-    def __init__(self, name, model, batch, args):
+    def __init__(self, name, model, batch, args, plan="auto"):
         from . import MegaQwen3
         opts = {"trace": True} if name == "megakernel" and args.trace else {}
-        self.mk = MegaQwen3(model, max_seq_len=args.max_seq_len, batch_size=batch, backend=name, **opts)
+        self.mk = MegaQwen3(model, max_seq_len=args.max_seq_len, batch_size=batch, backend=name, plan=plan, **opts)
+        self.plan = self.mk.plan_choice
         self.per_launch = min(args.steps_per_launch, self.mk.steps_per_launch)
 
     def prefill(self, prompt):
@@ -306,21 +307,22 @@ class CudaGraphWatch:
         return {"cuda_graphs": ok, "cudagraph_skip": None if ok else why}
 
 
-def make_runner(name, model, batch, args, dev, shared):
+def make_runner(name, model, batch, args, dev, shared, plan="auto"):
     if name in ("hf", "hf-compile"):
         if "hf_model" not in shared:
             shared["hf_model"] = hf_model(model)   # built once per run, reused at every setting
         return HFRunner(shared["hf_model"], batch, args.max_seq_len, compiled=name == "hf-compile")
     if name == "torch-compile" or (name == "superkernel" and dev.type == "npu"):
         return StaticRunner(name, model, batch, args, dev)
-    return KernelRunner(name, model, batch, args)
+    return KernelRunner(name, model, batch, args, plan)
 
 
-def run_backend(name, model, prompt, args, dev, shared, base):
-    """Set up backend ``name`` and measure it on ``prompt``: the warm-up (which compiles), the
-    prefill, free-running greedy decode steps, then the token agreement against ``base`` (the
-    megakernel's tokens [B, N]; for the megakernel, its own) under teacher forcing. Returns (row,
-    free-running tokens)."""
+def run_backend(name, model, prompt, args, dev, shared, base, plan="auto"):
+    """Set up backend ``name`` with ``plan`` and measure it on ``prompt``: the warm-up (which
+    compiles), the prefill, free-running greedy decode steps, then the token agreement against
+    ``base`` (the megakernel's tokens [B, N]; for the megakernel, its own, or those of the
+    megakernel under the run's first plan) under teacher forcing. Returns (row, free-running
+    tokens)."""
     B = prompt.shape[0]
     compiled = name in ("torch-compile", "hf-compile")
     row = {"backend": name,
@@ -330,7 +332,8 @@ def run_backend(name, model, prompt, args, dev, shared, base):
     watch = CudaGraphWatch(dev)
     t0 = time.perf_counter()
     with watch:
-        runner = make_runner(name, model, B, args, dev, shared)
+        runner = make_runner(name, model, B, args, dev, shared, plan)
+        row.update(runner.plan.record() if hasattr(runner, "plan") else {"plan": None})
         row["setup_s"] = round(time.perf_counter() - t0, 2)
         n = args.max_new_tokens
         warmup = args.warmup if dev.type != "cpu" else 0
@@ -350,7 +353,7 @@ def run_backend(name, model, prompt, args, dev, shared, base):
         row["compile_s"] = round(time.perf_counter() - t1, 2) if warmup else None
         tokens, times, pre = _time_decode(runner, prompt, n, dev, reps=3 if dev.type != "cpu" else 1)
         runner.finish(args)
-        if name == "megakernel":
+        if name == "megakernel" and base is None:
             base = tokens     # its own launches of one step, fed its tokens, must give them back
         if base is not None:
             row["token_agreement"] = round(_agreement(runner, prompt, base, dev), 4)
@@ -526,6 +529,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(a 2-layer random model); default 0.6b on a GPU, tiny on the CPU")
     p.add_argument("--random-weights", action="store_true",
                    help="deterministic random weights of the model's shapes (no download)")
+    p.add_argument("--quantize", choices=("fp8",), default=None,
+                   help="fp8: the linear projections in block FP8 (Qwen's -FP8 format), quantized on load, read by "
+                        "the kernels' FP8 tiles; the floor counts their bytes. Peers outside the kernel backends "
+                        "run 16-bit weights only, so the default comparison is then the kernel backends'")
     p.add_argument("--compare", default=None, metavar="NAME[,NAME...]",
                    help=f"backends to run besides the megakernel, comma-separated, from: {', '.join(PEERS)}; "
                         f"default {DEFAULT_COMPARE['cuda']} on a GPU, {DEFAULT_COMPARE['cpu']} on the CPU, "
@@ -544,6 +551,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="time the prefill only (the same as --max-new-tokens 1): long prompts stay cheap")
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="KV cache length; default the longest prompt + max-new-tokens + 8")
+    p.add_argument("--plan", default="auto", metavar="PLAN[,PLAN...]",
+                   help="the kernels' tile plan: auto (tuned where python -m megakernel.tune cached one for this "
+                        "device, model, batch and max_seq_len, else rules), rules or tuned; rules,tuned compares "
+                        "the two in one run (each plan's rows record it)")
     p.add_argument("--warmup", type=int, default=2, help="untimed prefill + decode rounds before timing (accelerators)")
     p.add_argument("--steps-per-launch", type=int, default=64,
                    help="decode steps per launch of the megakernel (greedy), 1 to 64, as generate() runs them; "
@@ -583,6 +594,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                          f"got {args.steps_per_launch}")
     if args.compare is not None:
         args.compare_list = _backends(args.compare)
+    args.plans = list(dict.fromkeys(x.strip() for x in args.plan.split(",") if x.strip()))
+    bad = [x for x in args.plans if x not in ("auto", "rules", "tuned")]
+    if bad or not args.plans:
+        raise UsageError(f"--plan takes auto, rules or tuned (comma-separated), got {args.plan!r}")
     for flag in ("output_json", "record", "plot", "trace"):
         path = getattr(args, flag)
         if path is not None:
@@ -618,6 +633,14 @@ def settle(args, dev):
         args.compare_list = _backends("cuda-graph" if dev.type == "cuda" else "per-op")
     elif args.compare is None:
         args.compare_list = _backends("hf" if args.max_new_tokens == 1 else DEFAULT_COMPARE.get(dev.type, "per-op"))
+        if args.quantize:
+            args.compare_list = [c for c in args.compare_list if c in KERNEL_BACKENDS]
+    if args.quantize:
+        other = [c for c in args.compare_list if c not in KERNEL_BACKENDS]
+        if other:
+            raise UsageError(f"--compare {other[0]} runs 16-bit weights only, not --quantize fp8: compare it in a "
+                             f"run without --quantize (kernel peers: {', '.join(KERNEL_BACKENDS)})")
+        devices.check_fp8(dev)
     need = max(args.prompt_lens) + max(args.max_new_tokens - 1, 1)   # the prompt, then every decoded token
     if args.max_seq_len is None:
         args.max_seq_len = max(args.prompt_lens) + args.max_new_tokens + 8
@@ -650,7 +673,7 @@ def _config_of(name):
     return cfg
 
 
-def tiny_model(dev, dtype=None):
+def tiny_model(dev, dtype=None, quantize=None):
     """A 2-layer random Qwen3 of toy shapes: the bench's default on the CPU, where the kernels run
     through Triton's interpreter. Its timings say nothing about a GPU."""
     from models.qwen3.config import Qwen3Config
@@ -658,7 +681,7 @@ def tiny_model(dev, dtype=None):
     from .model import Qwen3Model
     cfg = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=16, vocab_size=512)
-    w = random_weights(cfg, seed=0, dtype=dtype or devices.default_dtype(dev), device=dev)
+    w = random_weights(cfg, seed=0, dtype=dtype or devices.default_dtype(dev), device=dev, quantize=quantize)
     return Qwen3Model("tiny", cfg, w, None, None)
 
 
@@ -692,17 +715,22 @@ def bench(args) -> dict:
             raise UsageError(f"--compare {bad[0]} does not run tensor parallel: at --tp choose from {', '.join(TP_PEERS)}")
         from .model import locate_model
         source = locate_model(args.model, random_weights=args.random_weights)
-        status, dev = tp_mod.start(args.tp, dev, source.config, "megakernel.bench:main", args.argv)
+        status, dev = tp_mod.start(args.tp, dev, source.config, "megakernel.bench:main", args.argv,
+                                   args.quantize or source.quantization)
         if status is not None:
             return {"tp_status": status}
         rank = tp_mod.current().rank
     if args.model == "tiny":
-        model = tiny_model(dev)
+        model = tiny_model(dev, quantize=args.quantize)
     else:
-        model = load_model(args.model, random_weights=args.random_weights, device=dev, tp=args.tp, rank=rank)
+        model = load_model(args.model, random_weights=args.random_weights, device=dev, quantize=args.quantize,
+                           tp=args.tp, rank=rank)
         if dev.type == "cpu" and model.config.num_parameters() > CPU_MAX_PARAMS and not args.force_cpu:
             raise UsageError(_cpu_refusal(args.model, model.config.num_parameters()))
     cfg = model.config
+    from . import plans
+    for B in args.batch_sizes if "tuned" in args.plans else ():     # a missing tuned plan: before any timing
+        plans.choose("tuned", dev, cfg, model.dtype, B, args.max_seq_len, "megakernel", args.model, tp=args.tp)
     seed = args.seed if args.seed is not None else int(time.time())
     g = torch.Generator().manual_seed(seed)
     bw = copy_bandwidth_gbps(dev)
@@ -712,11 +740,12 @@ def bench(args) -> dict:
            "command": shlex.join(["python", "-m", "megakernel.bench", *args.argv]),
            "device": _device_name(dev), "versions": table.versions(), "git_commit": commit, "git_dirty": dirty,
            "model": args.model, "weights": "random" if model.random_weights else str(model.checkpoint),
-           "dtype": str(model.dtype).replace("torch.", ""), "copy_gbps": round(bw, 1) if bw else None,
+           "dtype": str(model.dtype).replace("torch.", ""), "quantization": model.quantization,
+           "copy_gbps": round(bw, 1) if bw else None,
            "prompt_seed": seed, "tp": args.tp}
     result = {**run, "batch_sizes": args.batch_sizes, "prompt_lens": args.prompt_lens,
               "new_tokens": args.max_new_tokens, "max_seq_len": args.max_seq_len,
-              "backends": ["megakernel"] + args.compare_list, "results": []}
+              "backends": ["megakernel"] + args.compare_list, "plans": args.plans, "results": []}
     shared = {}
     print_card(result, model)
     try:
@@ -732,23 +761,33 @@ def bench(args) -> dict:
 
 
 def run_setting(model, prompt, args, dev, bw, shared) -> list[dict]:
-    """Every backend at one batch size and prompt length; the megakernel first, as the base."""
+    """Every backend at one batch size and prompt length, under each plan of --plan; the megakernel
+    first, as the base of its plan's token agreement (a later plan's megakernel is compared with
+    the first's). Backends that run no plan run once, with the first."""
+    from .plans import PLANNED_BACKENDS
     B, P = prompt.shape
     n = args.max_new_tokens
     positions = [P + i for i in range(n - 1)]
     nbytes = statistics.mean(step_bytes(model, [p] * B) for p in positions) if positions else None
     floor_ms = nbytes / (bw * 1e9) * 1e3 if (bw and nbytes) else None
-    rows, base = [], None
-    for name in ["megakernel"] + args.compare_list:
-        log(f"[batch {B}, prompt {P}] {name} ...")
+    rows, first = [], None
+    runs = [(plan, name) for k, plan in enumerate(args.plans) for name in ["megakernel"] + args.compare_list
+            if k == 0 or name in PLANNED_BACKENDS]
+    for plan, name in runs:
+        if name == "megakernel":
+            base = first
+        tag = f", plan {plan}" if len(args.plans) > 1 and name in PLANNED_BACKENDS else ""
+        log(f"[batch {B}, prompt {P}{tag}] {name} ...")
         try:
-            row, toks = run_backend(name, model, prompt, args, dev, shared, base)
+            row, toks = run_backend(name, model, prompt, args, dev, shared, base, plan)
             if name == "megakernel":
+                first = first if first is not None else toks
                 base = toks
         except KeyboardInterrupt:
             raise
         except Exception as e:  # a failing backend is reported in its row; the others still run
             row = {"backend": name, "implementation": IMPLEMENTATION[name],
+                   "plan": plan if name in PLANNED_BACKENDS else None,
                    "error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
             log(f"[batch {B}, prompt {P}] {name} failed: {row['error']}")
         med = row.get("ms_per_step")
@@ -761,13 +800,19 @@ def run_setting(model, prompt, args, dev, bw, shared) -> list[dict]:
 
 
 def _finish_rows(rows):
-    """Ratios between rows (to the megakernel of the same setting, to batch 1 of the same backend
-    and prompt), every field present, floats rounded."""
-    by = {(r["backend"], r["batch_size"], r["prompt_len"]): r.get("ms_per_step") for r in rows}
+    """Ratios between rows (to the megakernel of the same setting and plan, or of the first plan
+    for a backend that runs none; to batch 1 of the same backend, plan and prompt), every field
+    present, floats rounded."""
+    by, first_mk = {}, {}
+    for r in rows:
+        by.setdefault((r["backend"], r.get("plan"), r["batch_size"], r["prompt_len"]), r.get("ms_per_step"))
+        if r["backend"] == "megakernel":
+            first_mk.setdefault((r["batch_size"], r["prompt_len"]), r.get("ms_per_step"))
     for r in rows:
         m = r.get("ms_per_step")
-        mk = by.get(("megakernel", r["batch_size"], r["prompt_len"]))
-        b1 = by.get((r["backend"], 1, r["prompt_len"]))
+        mk = (by.get(("megakernel", r.get("plan"), r["batch_size"], r["prompt_len"])) if r.get("plan") else
+              first_mk.get((r["batch_size"], r["prompt_len"])))
+        b1 = by.get((r["backend"], r.get("plan"), 1, r["prompt_len"]))
         r["speedup_vs_megakernel"] = m / mk if (m and mk) else None
         r["ratio_to_batch1"] = m / b1 if (m and b1) else None
         for k in table.CONFIG_FIELDS + table.MEASURE_FIELDS:
@@ -805,13 +850,22 @@ def print_card(r, model):
     dirty = " (uncommitted changes)" if r["git_dirty"] else ""
     print(f"code        {r['git_commit'] or 'not a git checkout'}{dirty}")
     print(f"model       {r['model']} ({r['weights']} weights, {model.config.num_parameters() / 1e6:,.1f}M "
-          f"parameters) {r['dtype']}")
+          f"parameters) {r['dtype']}{', fp8 projections' if r['quantization'] else ''}")
     print(f"setting     batch {','.join(map(str, r['batch_sizes']))}; prompt {','.join(map(str, r['prompt_lens']))}; "
           f"{r['new_tokens']} new tokens; max_seq_len {r['max_seq_len']}; prompt seed {r['prompt_seed']}")
+    print(f"plan        {', '.join(r['plans'])} (the kernels' tiles: rules, tuned by python -m megakernel.tune, "
+          f"or auto, tuned where cached)")
     bw = f"{r['copy_gbps']:.0f} GB/s" if r["copy_gbps"] else "not measured (no GPU)"
     print(f"copy bw     {bw}")
     print(f"weights     {model.weights.nbytes() / 1e6:.1f} MB read each step, plus every sequence's KV cache")
     sys.stdout.flush()
+
+
+def _plan_cell(r) -> str:
+    """The decode table's plan column: rules, tuned and its date, or - (the backend runs no plan)."""
+    if r.get("plan") == "tuned" and r.get("plan_tuned_at"):
+        return f"tuned {r['plan_tuned_at'][:10]}"
+    return r.get("plan") or "-"
 
 
 def print_tables(result):
@@ -825,14 +879,15 @@ def print_tables(result):
                 continue
             print(f"\ndecode, prompt {P}, {result['new_tokens']} new tokens (floor: ms/step at the copy "
                   f"bandwidth; x b1: ms/step over batch 1's; vs mk: over the megakernel's):")
-            print(f"{'batch':>5}{'floor':>7}  {'backend':<14}{'ms/step':>9}{'p10':>9}{'p90':>9}{'tok/s':>10}"
+            print(f"{'batch':>5}{'floor':>7}  {'backend':<14}{'plan':<17}{'ms/step':>9}{'p10':>9}{'p90':>9}{'tok/s':>10}"
                   f"{'x b1':>8}{'GB/s':>8}{'% floor':>9}{'vs mk':>8}{'compile s':>10}{'agree':>7}  graphs")
             for r in mine:
                 if r.get("error"):
-                    print(f"{r['batch_size']:>5}{'':>7}  {r['backend']:<14}ERROR: {r['error']}")
+                    print(f"{r['batch_size']:>5}{'':>7}  {r['backend']:<14}{_plan_cell(r):<17}ERROR: {r['error']}")
                     continue
                 graphs = {True: "yes", False: f"NO: {r.get('cudagraph_skip')}", None: ""}[r.get("cuda_graphs")]
-                print(f"{r['batch_size']:>5}{f(r['floor_ms'], 7)}  {r['backend']:<14}{f(r['ms_per_step'], 9)}"
+                print(f"{r['batch_size']:>5}{f(r['floor_ms'], 7)}  {r['backend']:<14}{_plan_cell(r):<17}"
+                      f"{f(r['ms_per_step'], 9)}"
                       f"{f(r['ms_per_step_p10'], 9)}{f(r['ms_per_step_p90'], 9)}{f(r['tokens_per_s'], 10, 1)}"
                       f"{f(r['ratio_to_batch1'], 8, 2)}{f(r['gbps'], 8, 0)}{f(r['pct_of_floor'], 9, 1)}"
                       f"{f(r['speedup_vs_megakernel'], 8, 2)}{f(r['compile_s'], 10, 1)}"

@@ -8,6 +8,8 @@ kernel's and every per-op kernel's argument order is written only in their signa
 
 Roles:
 - ``weight``: the model's weights (``Qwen3Weights``), checked against the spec;
+- ``scale``: the FP8 projections' block scales, the model's where its plan is FP8 (``Plan.FP8``),
+  else a one-element placeholder that no kernel reads (the kernels take the pointer either way);
 - ``state``: what persists between steps and the runtime owns (tokens, lengths, the KV cache,
   logits); allocated here only where not given (``compile_check``, on meta tensors);
 - ``scratch``: the step's activations and partials, allocated here;
@@ -59,6 +61,13 @@ class Buffer:
 
 
 _f32, _i32, _i64 = torch.float32, torch.int32, torch.int64
+
+
+def _grid(d: Dims, rows: int, k: int) -> tuple:
+    """An FP8 projection's stacked scale grid [L, rows / SCALE_ROWS, K / 128] (one element without FP8)."""
+    return (d.L, math.ceil(rows / d.SCALE_ROWS), math.ceil(k / 128)) if d.FP8 else (1,)
+
+
 SPEC: tuple[Buffer, ...] = (
     # weights (Qwen3Weights), stacked over layers
     Buffer("embed", lambda d: (d.V, d.H), ACT, "weight"),
@@ -72,6 +81,10 @@ SPEC: tuple[Buffer, ...] = (
     Buffer("wo", lambda d: (d.L, d.H, d.HQ * d.D), ACT, "weight"),
     Buffer("wgate_up", lambda d: (d.L, 2 * d.I, d.H), ACT, "weight", doc="gate rows, then up rows"),
     Buffer("wdown", lambda d: (d.L, d.H, d.I), ACT, "weight"),
+    Buffer("wqkv_scale", lambda d: _grid(d, d.QKV_ROWS, d.H), _f32, "scale", doc="models.qwen3.fp8 scale grids"),
+    Buffer("wo_scale", lambda d: _grid(d, d.H, d.HQ * d.D), _f32, "scale"),
+    Buffer("wgate_up_scale", lambda d: _grid(d, 2 * d.I, d.H), _f32, "scale"),
+    Buffer("wdown_scale", lambda d: _grid(d, d.H, d.I), _f32, "scale"),
     # the runtime's state
     Buffer("tokens", lambda d: (d.B,), _i32, "state", doc="each sequence's pending input token"),
     Buffer("lengths", lambda d: (d.B,), _i32, "state", doc="positions cached: the next token's position"),
@@ -151,6 +164,10 @@ class StepBuffers:
         by name (allocated where missing); ``workers`` > 0 adds the persistent kernel's control
         buffers, ``tape`` being ``scheduler.graph.encode``'s (words, lengths)."""
         dev, adt = weights.device, weights.dtype
+        if bool(plan.FP8) != bool(weights.quantization):
+            raise ValueError(f"a plan {'with' if plan.FP8 else 'without'} FP8 for weights "
+                             f"{'in FP8' if weights.quantization else 'in ' + str(adt)}: make the plan with "
+                             f"fp8={bool(weights.quantization)}")
         d = Dims(plan, workers, tape[0].shape[1] if tape else 1, counters, bool(trace))
         given = {**weights.tensors(), **(state or {})}
         if tape:
@@ -169,7 +186,7 @@ class StepBuffers:
                     raise ValueError(f"step buffer {b.name}: {tuple(t.shape)} {t.dtype}, the spec says "
                                      f"{tuple(shape)} {dtype}")
                 out[b.name] = t
-            elif b.role == "weight" or b.name in ("tape", "tape_len"):
+            elif b.role == "weight" or (b.role == "scale" and plan.FP8) or b.name in ("tape", "tape_len"):
                 raise ValueError(f"step buffer {b.name} ({b.role}) must be given")
             else:
                 out[b.name] = torch.zeros(shape, dtype=dtype, device=dev)

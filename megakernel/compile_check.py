@@ -22,7 +22,7 @@ def _type(v) -> str:
     import torch
     if isinstance(v, torch.Tensor):
         return "*" + {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
-                      torch.int64: "i64"}[v.dtype]
+                      torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv"}[v.dtype]
     if isinstance(v, bool):
         return "i1"
     if isinstance(v, int):
@@ -42,17 +42,21 @@ def _aligned(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v % 16 == 0
 
 
-def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int, dtype, tp: int = 1, **options):
-    """(kernel, keyword arguments) of one step of every kernel backend, on meta tensors; ``tp`` > 1:
-    of a rank of a tensor-parallel run (its shapes, the partials and REDUCE; no group is joined)."""
+def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int, dtype, tp: int = 1, quantize=None,
+                    **options):
+    """(kernel, keyword arguments) of one step of every kernel backend, on meta tensors (FP8
+    projections with ``quantize="fp8"``); ``tp`` > 1: of a rank of a tensor-parallel run (its
+    shapes, the partials and REDUCE; no group is joined)."""
     from megakernel import backends
     from megakernel.model import Qwen3Model
     from megakernel.runtime import MegaQwen3
     from models.qwen3.weights import Qwen3Weights, shapes_for
 
-    from models.qwen3.tp import shard_config
+    from models.qwen3.tp import check_tp_fp8, shard_config
+    if quantize and tp > 1:
+        check_tp_fp8(shapes_for(model_name), tp)
     cfg = shard_config(shapes_for(model_name), tp)
-    model = Qwen3Model(model_name, cfg, Qwen3Weights.empty(cfg, dtype, "meta"), None, None)
+    model = Qwen3Model(model_name, cfg, Qwen3Weights.empty(cfg, dtype, "meta", quantize), None, None)
     mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=batch, backend="reference")
     mk.tp = tp      # the backends plan a rank's tape from it; the REDUCE buffers stay meta tensors
     calls = []
@@ -67,7 +71,7 @@ def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int,
 
 
 def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=90, dtype_name="bfloat16",
-                tp: int = 1, **options):
+                tp: int = 1, quantize=None, **options):
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -78,7 +82,7 @@ def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=
     target = GPUTarget("cuda", arch, 32)
     seen, report = set(), []
     for fn, kwargs in record_launches(model_name, workers, batch, max_seq_len, getattr(torch, dtype_name), tp,
-                                      **options):
+                                      quantize, **options):
         opts = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
         params = kernel_params(fn)
         consts = {name: kwargs[name] for name, const in params if const}
@@ -153,6 +157,8 @@ def build_parser():
     ap.add_argument("--max-seq-len", type=cli.at_least(2), default=4096, help="KV-cache positions per sequence")
     ap.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
                     help="weight and KV-cache dtype")
+    ap.add_argument("--quantize", choices=("fp8",), default=None,
+                    help="fp8: the QKV, O, gate/up and down projections in block FP8 (the FP8 tiles)")
     ap.add_argument("--arch", type=cli.at_least(70), default=90,
                     help="CUDA compute capability: 90 for H100/H200, 80 for A100")
     ap.add_argument("--num-warps", type=int, choices=(1, 2, 4, 8, 16, 32), default=4, help="warps per program")
@@ -176,8 +182,14 @@ def check_args(args):
     from models.qwen3.weights import shapes_for
     from scheduler.ops import Plan
 
+    from models.qwen3.tp import check_tp, check_tp_fp8
+
     from .cli import UsageError
-    shapes_for(args.model)
+    cfg = shapes_for(args.model)
+    try:
+        (check_tp_fp8 if args.quantize else check_tp)(cfg, args.tp)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     args.overrides = _assignments(args.set, "--set")
     fields = {f.name for f in dataclasses.fields(Plan)}
     bad = sorted(set(args.overrides) - fields)
@@ -205,7 +217,7 @@ def main(argv=None):
         os.environ.setdefault("DEVICE", "cuda")
         check_args(args)
         report = compile_all(args.model, args.workers, args.batch_size, args.max_seq_len, args.arch,
-                             dtype_name=args.dtype, tp=args.tp, num_warps=args.num_warps,
+                             dtype_name=args.dtype, tp=args.tp, quantize=args.quantize, num_warps=args.num_warps,
                              plan_overrides=args.overrides, **args.options)
         for r in report:
             if r["ok"]:

@@ -104,3 +104,17 @@ def check_fits(device: torch.device, nbytes: int, what: str, margin: float = 1.0
         raise MemoryError(f"{what} needs {nbytes / gib:.1f} GiB on {torch.cuda.get_device_name(device)}, which "
                           f"has {free / gib:.1f} GiB free of {total / gib:.1f} GiB; use a smaller model, "
                           f"batch or max_seq_len")
+
+
+def check_fp8(device: torch.device):
+    """Refuse FP8 weights, before anything is loaded, on a device whose kernels cannot read them:
+    an Ascend NPU (triton-ascend documents no float8 type; docs/npu.md) or an NVIDIA GPU below
+    compute capability 8.9 (Triton's float8e4nv conversions need Ada or Hopper)."""
+    if device.type == "npu":
+        raise RuntimeError("FP8 weights are not supported on the NPU: triton-ascend documents no float8 type "
+                           "(docs/npu.md); load the model in bf16 there")
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < (8, 9):
+            raise RuntimeError(f"FP8 weights need an NVIDIA GPU of compute capability 8.9 or above (Ada, Hopper); "
+                               f"{torch.cuda.get_device_name(device)} is {major}.{minor}: load the model in bf16")

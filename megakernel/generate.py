@@ -102,11 +102,17 @@ def build_parser() -> cli.Parser:
                    help="cpu, cuda, cuda:N or npu (default: the best available; DEVICE=... sets it too)")
     g.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="weight and KV-cache dtype (default: bfloat16 on an accelerator, float32 on the CPU)")
+    g.add_argument("--quantize", choices=("fp8",), default=None,
+                   help="fp8: the linear projections in block FP8 (Qwen's -FP8 format), quantized on load; an FP8 "
+                        "checkpoint is FP8 without it")
     g.add_argument("--max-seq-len", type=cli.at_least(2), default=None,
                    help="KV-cache positions per sequence (default: the longest prompt + --max-new-tokens)")
     g.add_argument("--tp", type=tp_mod.parse_tp, default=1,
                    help="tensor parallel degree: the model split over this many GPUs, one process each (started "
                         "here, or by torchrun); rank 0 prints")
+    g.add_argument("--plan", choices=("auto", "rules", "tuned"), default="auto",
+                   help="the kernels' tile plan: tuned (from python -m megakernel.tune's cache), rules, or auto "
+                        "(tuned where cached for this device, model, batch and max_seq_len, else rules)")
     p.add_argument("--json", action="store_true",
                    help="stdout as JSON lines: one object per sequence as it finishes, then a summary")
     return p
@@ -137,6 +143,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                   f"(greedy decoding)", file=sys.stderr)
     args.device = devices.resolve(args.device)
     args.dtype = resolve_dtype(args.dtype, args.device)
+    if args.quantize:
+        devices.check_fp8(args.device)
     return args
 
 
@@ -275,11 +283,12 @@ def run(args) -> dict:
     source = locate_model(args.model, random_weights=args.random_weights)
     cfg = source.config
     prompts = prompt_ids(args, source)
+    quantize = args.quantize or source.quantization
     if args.tp > 1:
         if backend == "cuda-graph" and dev.type != "cuda":
             raise UsageError("--backend cuda-graph needs a CUDA GPU")
         # one process per rank, each running this command from here (tp.start)
-        status, dev = tp_mod.start(args.tp, dev, cfg, "megakernel.generate:main", args.argv)
+        status, dev = tp_mod.start(args.tp, dev, cfg, "megakernel.generate:main", args.argv, quantize)
         if status is not None:
             args.tp_status = status
             return {}
@@ -295,24 +304,32 @@ def run(args) -> dict:
         print(f"warning: --max-seq-len {max_seq_len} is past {source.name}'s max_position_embeddings "
               f"({cfg.max_position_embeddings}): it was not trained on positions that far", file=sys.stderr)
     from models.qwen3.tp import shard_config
+    from models.qwen3.weights import weight_bytes
     here = shard_config(cfg, args.tp)       # this rank's shapes (the whole model at --tp 1)
     kv = here.kv_bytes_per_position(dtype.itemsize) * B * max_seq_len
+    if quantize:
+        devices.check_fp8(dev)      # an FP8 checkpoint on a device that cannot read it
+    fp8 = " with FP8 projections" if quantize else ""
     share = f" (a rank's share of --tp {args.tp})" if args.tp > 1 else ""
-    check_memory(dev, here.num_parameters() * dtype.itemsize + kv,
-                 f"{source.name} in {str(dtype).removeprefix('torch.')} with a KV cache of {B} x {max_seq_len}{share}")
+    check_memory(dev, weight_bytes(here, dtype, quantize) + kv,
+                 f"{source.name} in {str(dtype).removeprefix('torch.')}{fp8} with a KV cache of {B} x {max_seq_len}"
+                 f"{share}")
 
+    from . import plans
+    # a missing tuned plan: now, before the load
+    plans.choose(args.plan, dev, here, dtype, B, max_seq_len, backend, args.model, tp=args.tp)
     t0 = time.perf_counter()
     rank = tp_mod.current().rank if args.tp > 1 else 0
-    model = source.load(dev, dtype, progress=sys.stderr.isatty(), tp=args.tp, rank=rank)
-    print(f"Loaded {args.model}: {cfg.num_parameters() / 1e6:,.1f} M parameters, {model.dtype}, {dev}, "
+    model = source.load(dev, dtype, progress=sys.stderr.isatty(), quantize=args.quantize, tp=args.tp, rank=rank)
+    print(f"Loaded {args.model}: {cfg.num_parameters() / 1e6:,.1f} M parameters, {model.dtype}{fp8}, {dev}, "
           f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=B, backend=backend)
+    mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=B, backend=backend, plan=args.plan)
     mode = {"megakernel": "persistent kernel, counter waits", "superkernel": "persistent kernel, grid barriers",
             "per-op": "phase launches, one per stage"}.get(backend)
     lengths = f"{longest} tokens" if B == 1 else f"{B} prompts of {min(map(len, prompts))}-{longest} tokens"
     tp_note = f"; tensor parallel over {args.tp} ranks" if args.tp > 1 else ""
-    print(f"Backend {backend}{f' ({mode})' if mode else ''}; prompt {lengths}; max_seq_len {max_seq_len}{tp_note}",
-          file=sys.stderr)
+    print(f"Backend {backend}{f' ({mode})' if mode else ''}; plan: {mk.plan_choice.label}; prompt {lengths}; "
+          f"max_seq_len {max_seq_len}{tp_note}", file=sys.stderr)
     stops = set(stop_token_ids(model.checkpoint, cfg))
     seqs = [_Sequence(i, model.tokenizer, p, not args.chat, stops, n) for i, p in enumerate(prompts)]
     out = _Output(seqs, args.json)
@@ -322,8 +339,10 @@ def run(args) -> dict:
                 seed=args.seed, stop_tokens=sorted(stops), on_token=out)
     out.end()
     summary = {"model": args.model, "backend": backend, "device": str(dev), "tp": args.tp,
-               "dtype": str(model.dtype).removeprefix("torch."), "random_weights": model.random_weights,
-               "batch_size": B, "max_seq_len": max_seq_len, "sequences": [s.summary() for s in seqs]}
+               "dtype": str(model.dtype).removeprefix("torch."), "quantization": model.quantization,
+               "random_weights": model.random_weights,
+               "batch_size": B, "max_seq_len": max_seq_len, **mk.plan_choice.record(),
+               "sequences": [s.summary() for s in seqs]}
     summary.update(timings(t_start, out.times, B))
     prefill = f"{longest} prompt tokens" if B == 1 else f"{B} prompts, {sum(map(len, prompts))} tokens"
     print(f"Time to first token: {summary['ttft_ms']:.1f} ms (prefill of {prefill})", file=sys.stderr)

@@ -123,16 +123,20 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                tokens_ptr, lengths_ptr, x_ptr, qkv_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, act_ptr, logits_ptr,
                amax_ptr, inv_freq_ptr, pairs_ptr, part_ptr, peers_ptr, flags_ptr,
                embed_ptr, lm_head_ptr, final_norm_ptr, input_norm_ptr, post_norm_ptr, q_norm_ptr, k_norm_ptr,
-               wqkv_ptr, wo_ptr, wgate_up_ptr, wdown_ptr, k_cache_ptr, v_cache_ptr, eps, max_len, hist_ptr, steps,
+               wqkv_ptr, wo_ptr, wgate_up_ptr, wdown_ptr, wqkv_scale_ptr, wo_scale_ptr, wgate_up_scale_ptr,
+               wdown_scale_ptr, k_cache_ptr, v_cache_ptr, eps, max_len, hist_ptr, steps,
                argmax_c, argmax_n,
                B: tl.constexpr, H: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                I: tl.constexpr, V: tl.constexpr, L: tl.constexpr, S: tl.constexpr,
                R_QKV: tl.constexpr, R_O: tl.constexpr, R_GU: tl.constexpr, R_DOWN: tl.constexpr,
-               R_LM: tl.constexpr, BK_H: tl.constexpr, BK_Q: tl.constexpr, BK_I: tl.constexpr,
+               R_LM: tl.constexpr, BK_H: tl.constexpr, BK_Q: tl.constexpr, BK_I: tl.constexpr, SCALE_ROWS: tl.constexpr,
                NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
                NSPLIT_PAD: tl.constexpr, KV_STAGES: tl.constexpr, ATTN_NEW: tl.constexpr, BATCHED: tl.constexpr,
                POOL_O: tl.constexpr, POOL_GU: tl.constexpr, POOL_DOWN: tl.constexpr, POOL_LM: tl.constexpr,
-               TP: tl.constexpr, R_AR: tl.constexpr, SPIN: tl.constexpr, TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr, SM_PAIRS: tl.constexpr):
+               TP: tl.constexpr, R_AR: tl.constexpr, FP8: tl.constexpr, SPIN: tl.constexpr, TRACE: tl.constexpr,
+               PREFETCH_TAPE: tl.constexpr, SM_PAIRS: tl.constexpr):
+    # the tiles read the weights' format from their pointers; the plan's byte costs assumed this one
+    tl.static_assert((wqkv_ptr.dtype.element_ty == tl.float8e4nv) == (FP8 == 1), "the plan's FP8 is not the weights'")
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr + pid)
     QKV_N: tl.constexpr = (HQ + 2 * HKV) * D
@@ -187,22 +191,23 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                 tl.store(tr + T_SM, sm_id().to(tl.int64))
             seen = target
             if op == OP_QKV:
-                seen = qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, input_norm_ptr, qkv_ptr, eps, cnt, target,
-                                B, H, QKV_N, R_QKV, BK_H, True, SPIN, BATCHED, tr, TRACE)
+                seen = qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, wqkv_scale_ptr, input_norm_ptr, qkv_ptr, eps, cnt,
+                                target, B, H, QKV_N, R_QKV, BK_H, SCALE_ROWS, True, SPIN, BATCHED, tr, TRACE)
             elif op == OP_ATTN:
                 seen = attn_tile(t0, t1, layer, qkv_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, lengths_ptr, s,
                                  k_cache_ptr, v_cache_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt, target,
                                  B, D, HQ, HKV, S, NSPLIT, BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, ATTN_NEW,
                                  True, SPIN, tr, TRACE)
             elif op == OP_OPROJ:
-                seen = oproj_tile(t0, t1, layer, attn_ptr, wo_ptr, x_ptr, cnt, target, B, H, HQ * D, R_O,
-                                  BK_Q, True, SPIN, BATCHED, tr, TRACE, POOL_O, claims, claims_base)
+                seen = oproj_tile(t0, t1, layer, attn_ptr, wo_ptr, wo_scale_ptr, x_ptr, cnt, target, B, H, HQ * D, R_O,
+                                  BK_Q, SCALE_ROWS, True, SPIN, BATCHED, tr, TRACE, POOL_O, claims, claims_base)
             elif op == OP_GATEUP:
-                seen = gateup_tile(t0, t1, layer, x_ptr, wgate_up_ptr, post_norm_ptr, act_ptr, eps, cnt, target,
-                                   B, H, I, R_GU, BK_H, True, SPIN, BATCHED, tr, TRACE, POOL_GU, claims, claims_base)
+                seen = gateup_tile(t0, t1, layer, x_ptr, wgate_up_ptr, wgate_up_scale_ptr, post_norm_ptr, act_ptr, eps,
+                                   cnt, target, B, H, I, R_GU, BK_H, SCALE_ROWS, True, SPIN, BATCHED, tr, TRACE,
+                                   POOL_GU, claims, claims_base)
             elif op == OP_DOWN:
-                seen = down_tile(t0, t1, layer, act_ptr, wdown_ptr, x_ptr, cnt, target, B, H, I, R_DOWN,
-                                 BK_I, True, SPIN, BATCHED, tr, TRACE, POOL_DOWN, claims, claims_base)
+                seen = down_tile(t0, t1, layer, act_ptr, wdown_ptr, wdown_scale_ptr, x_ptr, cnt, target, B, H, I, R_DOWN,
+                                 BK_I, SCALE_ROWS, True, SPIN, BATCHED, tr, TRACE, POOL_DOWN, claims, claims_base)
             elif op == OP_LMHEAD:
                 seen = lmhead_tile(t0, t1, x_ptr, lm_head_ptr, final_norm_ptr, logits_ptr, amax_ptr, eps,
                                    cnt, target, B, H, V, R_LM, BK_H, True, SPIN, BATCHED, tr, TRACE,
@@ -211,11 +216,13 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                 seen = argmax_tile(t0, t1, amax_ptr, tokens_ptr, lengths_ptr, hist_ptr, s, steps, cnt, target, B,
                                    True, SPIN)
             elif op == OP_OPART:
-                seen = opart_tile(t0, t1, layer, 2 * layer, attn_ptr, wo_ptr, part_ptr, cnt, target, B, H, HQ * D,
-                                  R_O, BK_Q, True, SPIN, BATCHED, tr, TRACE, POOL_O, claims, claims_base)
+                seen = opart_tile(t0, t1, layer, 2 * layer, attn_ptr, wo_ptr, wo_scale_ptr, part_ptr, cnt, target, B, H,
+                                  HQ * D, R_O, BK_Q, SCALE_ROWS, True, SPIN, BATCHED, tr, TRACE, POOL_O, claims,
+                                  claims_base)
             elif op == OP_DPART:
-                seen = dpart_tile(t0, t1, layer, 2 * layer + 1, act_ptr, wdown_ptr, part_ptr, cnt, target, B, H, I,
-                                  R_DOWN, BK_I, True, SPIN, BATCHED, tr, TRACE, POOL_DOWN, claims, claims_base)
+                seen = dpart_tile(t0, t1, layer, 2 * layer + 1, act_ptr, wdown_ptr, wdown_scale_ptr, part_ptr, cnt,
+                                  target, B, H, I, R_DOWN, BK_I, SCALE_ROWS, True, SPIN, BATCHED, tr, TRACE, POOL_DOWN,
+                                  claims, claims_base)
             elif op == OP_REDUCE:
                 # (layer: the partial's slot)
                 seen = reduce_tile(t0, t1, layer, part_ptr, x_ptr, peers_ptr, flags_ptr, cnt, target, epoch + 1,

@@ -3,11 +3,14 @@
 headline table and the plots (``python -m bench.render``).
 
 Every row carries the run it came from (``run``, ``time``, ``command``, ``device``, ``versions``,
-``git_commit``, ``git_dirty``), the setting (``model``, ``weights``, ``dtype``, ``tp``: the GPUs the
-model is split over, absent from rows recorded before tensor parallelism, which ran on one;
-``batch_size``, ``prompt_len``, ``new_tokens``, ``max_seq_len``) and the measurements (``ms_per_step``: the median
+``git_commit``, ``git_dirty``), the setting (``model``, ``weights``, ``dtype``, ``quantization``
+(``fp8``: block-FP8 projections; absent or null: none), ``tp``: the GPUs the model is split over,
+absent from rows recorded before tensor parallelism, which ran on one; ``batch_size``,
+``prompt_len``, ``new_tokens``, ``max_seq_len``) and the measurements (``ms_per_step``: the median
 decode step of the whole batch; ``prefill_ms``; ``pct_of_floor``; ...; ``error`` where the backend
-failed). ``ROW_FIELDS`` lists them all.
+failed), and the plan its kernels ran (``plan``: ``rules`` or ``tuned``, None for a backend that runs
+no tape and in rows from before the tuner; ``plan_tuned_at``; ``plan_fields``, what the tuned plan
+changed). ``ROW_FIELDS`` lists them all.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_FIELDS = ("run", "time", "command", "device", "versions", "git_commit", "git_dirty", "model", "weights",
-              "dtype", "copy_gbps", "prompt_seed", "tp")
+              "dtype", "quantization", "copy_gbps", "prompt_seed", "tp")
 CONFIG_FIELDS = ("batch_size", "prompt_len", "new_tokens", "max_seq_len")
 MEASURE_FIELDS = ("backend", "implementation", "ms_per_step", "ms_per_step_p10", "ms_per_step_p90", "tokens_per_s",
                   "ratio_to_batch1", "prefill_ms", "prompt_tokens_per_s", "ttft_ms", "floor_ms", "pct_of_floor",
                   "bytes_per_step", "gbps", "speedup_vs_megakernel", "token_agreement", "tokens_match",
-                  "compile_s", "setup_s", "steps_per_launch", "cuda_graphs", "cudagraph_skip", "error")
+                  "compile_s", "setup_s", "steps_per_launch", "cuda_graphs", "cudagraph_skip", "plan", "plan_tuned_at",
+                  "plan_fields", "error")
 ROW_FIELDS = RUN_FIELDS + CONFIG_FIELDS + MEASURE_FIELDS
 BACKEND_ORDER = ("megakernel", "cuda-graph", "torch-compile", "hf-compile", "superkernel", "per-op", "hf", "reference")
 CODE_PATHS = ("megakernel", "instructions", "scheduler", "models", "pyproject.toml")
@@ -119,20 +123,32 @@ def _is_cpu(row) -> bool:
     return str(row.get("device", "")).startswith("cpu")
 
 
+def column(row: dict) -> str:
+    """A row's column in the headline: its backend, with " tuned" where it ran a tuned plan (rows
+    from before the tuner, and rules plans, are the backend's own column)."""
+    return row["backend"] + (" tuned" if row.get("plan") == "tuned" else "")
+
+
+def precision(row) -> str:
+    """A row's weights as the table and plots label them: its dtype, and ``fp8 weights`` where the
+    projections were block FP8 (rows recorded before FP8 existed have no quantization)."""
+    return f"{row['dtype']}, fp8 weights" if row.get("quantization") == "fp8" else str(row["dtype"])
+
+
 def headline(rows: list[dict], include_cpu: bool = False) -> list[dict]:
-    """The latest decode measurement per (device, model, dtype, batch, backend): rows with a
-    ms/step and no error, from the latest run that has one; within that run, its shortest prompt
-    (the headline is decode speed at short context; longer ones go to the plots)."""
+    """The latest decode measurement per (device, model, precision, batch, backend and plan): rows
+    with a ms/step and no error, from the latest run that has one; within that run, its shortest
+    prompt (the headline is decode speed at short context; longer ones go to the plots)."""
     best: dict[tuple, dict] = {}
     for r in rows:
         if r.get("ms_per_step") is None or r.get("error") or (_is_cpu(r) and not include_cpu):
             continue
-        key = (r["device"], r["model"], r["dtype"], r["batch_size"], _tp(r), r["backend"])
+        key = (r["device"], r["model"], precision(r), r["batch_size"], _tp(r), column(r))
         old = best.get(key)
         if old is None or (r["time"], -r["prompt_len"]) > (old["time"], -old["prompt_len"]):
             best[key] = r
-    return sorted(best.values(), key=lambda r: (r["device"], r["model"], r["dtype"], r["batch_size"], _tp(r),
-                                                _backend_rank(r["backend"])))
+    return sorted(best.values(), key=lambda r: (r["device"], r["model"], precision(r), r["batch_size"], _tp(r),
+                                                _backend_rank(column(r))))
 
 
 def _tp(row) -> int:
@@ -140,8 +156,10 @@ def _tp(row) -> int:
     return row.get("tp") or 1
 
 
-def _backend_rank(name: str) -> int:
-    return BACKEND_ORDER.index(name) if name in BACKEND_ORDER else len(BACKEND_ORDER)
+def _backend_rank(name: str) -> tuple:
+    """Order of the columns: BACKEND_ORDER, a backend's tuned column right after its own."""
+    base, tuned = name.removesuffix(" tuned"), name.endswith(" tuned")
+    return (BACKEND_ORDER.index(base) if base in BACKEND_ORDER else len(BACKEND_ORDER), tuned)
 
 
 def _model_key(name: str):
@@ -151,19 +169,21 @@ def _model_key(name: str):
 
 
 def headline_markdown(rows: list[dict], include_cpu: bool = False) -> str:
-    """The README's table: one line per device, model, dtype and batch; ms/step of each backend
+    """The README's table: one line per device, model, precision (dtype, FP8) and batch; ms/step of each backend
     (the latest run of each), the megakernel's % of the bandwidth floor, and the runs used."""
     picked = headline(rows, include_cpu)
     if not picked:
         return "_No recorded runs yet: `python -m megakernel.bench --record bench/results.jsonl` on a GPU, then " \
                "`python -m bench.render`._"
-    backends = sorted({r["backend"] for r in picked}, key=_backend_rank)
+    backends = sorted({column(r) for r in picked}, key=_backend_rank)
     groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in picked:
-        groups[(r["device"], r["model"], r["dtype"], r["batch_size"], _tp(r))][r["backend"]] = r
+        groups[(r["device"], r["model"], precision(r), r["batch_size"], _tp(r))][column(r)] = r
     show_tp = any(k[4] > 1 for k in groups)     # the tp column only where a row is tensor parallel
+    tuned = "megakernel tuned" in backends
     head = ["device", "model", "dtype", "batch"] + (["tp"] if show_tp else []) + ["prompt + new", "floor ms"] + \
-        [f"{b} ms/step" for b in backends] + ["megakernel % of floor", "runs"]
+        [f"{b} ms/step" for b in backends] + ["megakernel % of floor"] + \
+        (["megakernel tuned % of floor"] if tuned else []) + ["runs"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for key in sorted(groups, key=lambda k: (k[0], _model_key(k[1]), k[2], k[3], k[4])):
         cells = groups[key]
@@ -174,12 +194,18 @@ def headline_markdown(rows: list[dict], include_cpu: bool = False) -> str:
         row = [str(key[0]), str(key[1]), str(key[2]), str(key[3])] + ([str(key[4])] if show_tp else []) + \
             [f"{ref['prompt_len']} + {ref['new_tokens']}", _fmt(ref.get("floor_ms"))]
         row += [_fmt(cells[b]["ms_per_step"]) if b in cells else "-" for b in backends]
-        row += [_fmt(mk.get("pct_of_floor"), 1) if mk else "-", ", ".join(runs)]
+        row += [_fmt(mk.get("pct_of_floor"), 1) if mk else "-"]
+        if tuned:
+            mkt = cells.get("megakernel tuned")
+            row += [_fmt(mkt.get("pct_of_floor"), 1) if mkt else "-"]
+        row += [", ".join(runs)]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
-    tp_note = "tp: GPUs the model is split over (the floor is one GPU's share); " if show_tp else ""
-    lines.append("ms/step: median time of one decode step of the whole batch (lower is better); " + tp_note +
-                 "`+` after a commit: the run had uncommitted code changes. Every row: `bench/results.jsonl`.")
+    tp_note = "; tp: GPUs the model is split over (the floor is one GPU's share)" if show_tp else ""
+    lines.append("ms/step: median time of one decode step of the whole batch (lower is better)" + tp_note +
+                 "; `+` after a commit: the run had uncommitted code changes" +
+                 ("; tuned: the plan `python -m megakernel.tune` chose on that GPU, the others the rules' plan"
+                  if tuned else "") + ". Every row: `bench/results.jsonl`.")
     return "\n".join(lines)
 
 
@@ -204,12 +230,13 @@ def _slug(*parts) -> str:
 
 
 def _latest_series(rows, x_field: str, y_field: str, fixed: dict):
-    """{backend: [(x, y)]}: per backend and x, the latest row matching ``fixed`` that has y."""
+    """{backend (and " tuned", ``column``): [(x, y)]}: per backend, plan and x, the latest row
+    matching ``fixed`` that has y."""
     best: dict[tuple, dict] = {}
     for r in rows:
         if r.get(y_field) is None or r.get("error") or any(r.get(k) != v for k, v in fixed.items()):
             continue
-        key = (r["backend"], r[x_field])
+        key = (column(r), r[x_field])
         if key not in best or r["time"] > best[key]["time"]:
             best[key] = r
     series: dict[str, list] = defaultdict(list)
@@ -252,9 +279,9 @@ def plot_rows(rows: list[dict], outdir: str | Path, include_cpu: bool = False) -
     outdir.mkdir(parents=True, exist_ok=True)
     rows = [r for r in rows if include_cpu or not _is_cpu(r)]
     written = []
-    for dev, model, dtype in sorted({(r["device"], r["model"], r["dtype"]) for r in rows}):
-        mine = [r for r in rows if (r["device"], r["model"], r["dtype"]) == (dev, model, dtype)]
-        base = {"device": dev, "model": model, "dtype": dtype}
+    for dev, model, dtype in sorted({(r["device"], r["model"], precision(r)) for r in rows}):
+        mine = [r for r in rows if (r["device"], r["model"], precision(r)) == (dev, model, dtype)]
+        base = {"device": dev, "model": model}
         title = f"{model} {dtype} on {dev}"
         timed = [r for r in mine if r.get("ms_per_step") is not None]
         plans = []

@@ -81,7 +81,7 @@ class MegaQwen3:
     """
 
     def __init__(self, model, max_seq_len: int = 4096, batch_size: int = 1, backend: str = "megakernel",
-                 **backend_options):
+                 plan: str = "auto", **backend_options):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
         if max_seq_len < 2:
@@ -123,7 +123,15 @@ class MegaQwen3:
             # the REDUCE instructions read every rank's partials and flags (symmetric memory)
             c = self.config
             self.tp_buffers = self.tp_group.buffers(c.num_hidden_layers, batch_size, c.hidden_size)
-        self.backend = _make_backend(backend, self, **backend_options)
+        # the plan the kernel backends run: a tuned one from the plan cache (megakernel.tune) or
+        # the rules'; options given here win over the tuned ones
+        from . import plans
+        self.plan_choice = plans.choose(plan, dev, self.config, dt, batch_size, max_seq_len, backend, model.name,
+                                        tp=self.tp)
+        options = {**self.plan_choice.options(), **backend_options}
+        if self.plan_choice.entry is not None and backend_options.get("plan_overrides"):
+            options["plan_overrides"] = {**self.plan_choice.entry.fields, **backend_options["plan_overrides"]}
+        self.backend = _make_backend(backend, self, **options)
 
     def __repr__(self) -> str:
         return (f"MegaQwen3({self.model.name!r}, backend={self.backend_name!r}, batch_size={self.batch_size}, "

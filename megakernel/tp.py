@@ -381,17 +381,19 @@ def parse_tp(text: str) -> int:
     return n
 
 
-def start(tp: int, device: torch.device, config, target: str, argv: list[str]) -> tuple[int | None, torch.device]:
+def start(tp: int, device: torch.device, config, target: str, argv: list[str],
+          quantize: str | None = None) -> tuple[int | None, torch.device]:
     """A command line's --tp: (exit status, device). Checks, before any work, that the model
-    divides among ``tp`` ranks and that there are ``tp`` GPUs (on CUDA; the CPU runs gloo
+    divides among ``tp`` ranks (its FP8 scale blocks too, with ``quantize``, the run's
+    quantization) and that there are ``tp`` GPUs (on CUDA; the CPU runs gloo
     processes); then, where no rank is set in the environment, starts ``tp`` processes that run
     ``target`` (``launch``) and returns their status; where one is (torchrun, or ``launch``'s
     processes), joins the group, keeps rank 0's output alone, and returns (None, this rank's
     device) for the command to go on. ``tp`` 1: (None, device)."""
-    from models.qwen3.tp import check_tp
+    from models.qwen3.tp import check_tp, check_tp_fp8
     if tp == 1:
         return None, device
-    check_tp(config, tp)
+    (check_tp_fp8 if quantize else check_tp)(config, tp)
     if device.type not in ("cuda", "cpu"):
         raise ValueError(f"--tp {tp} runs on CUDA GPUs (or the CPU, for tests), not {device.type}")
     if device.type == "cuda" and torch.cuda.device_count() < tp:

@@ -34,24 +34,37 @@ class Kind:
     stages_per_layer: int = 1                  # a per-layer kind's stages a layer (its layer word's range / L)
 
 
+def weight_bytes(p, rows: int, k: int, itemsize: int) -> int:
+    """Bytes of ``rows`` rows of a [N, k] projection: ``itemsize`` a weight, or with the plan's FP8
+    one byte a weight plus the float32 scales of the scale rows they touch."""
+    if not p.FP8:
+        return rows * k * itemsize
+    return rows * k + cdiv(rows, p.SCALE_ROWS) * cdiv(k, 128) * 4
+
+
 # In step order. Opcodes are the tape's first word; 0 (NOOP) and BARRIER (``CONTROL``) are not kinds.
 KINDS: tuple[Kind, ...] = (
     Kind("EMBED", 1, "embed", lambda p: p.B, lambda p, it: p.H * it),
-    Kind("QKV", 2, "qkv", lambda p: cdiv(p.QKV_ROWS, p.R_QKV), lambda p, it: p.R_QKV * p.H * it, per_layer=True),
+    Kind("QKV", 2, "qkv", lambda p: cdiv(p.QKV_ROWS, p.R_QKV), lambda p, it: weight_bytes(p, p.R_QKV, p.H, it),
+         per_layer=True),
     Kind("ATTN", 3, "attention", lambda p: p.B * p.HKV * p.NSPLIT,
          lambda p, it: 2 * cdiv(p.S, p.NSPLIT) * p.D * it, per_layer=True),
-    Kind("OPROJ", 4, "matvec", lambda p: cdiv(p.H, p.R_O), lambda p, it: p.R_O * p.HQ * p.D * it, "POOL_O", True),
-    Kind("GATEUP", 5, "matvec", lambda p: cdiv(p.I, p.R_GU), lambda p, it: 2 * p.R_GU * p.H * it, "POOL_GU", True),
-    Kind("DOWN", 6, "matvec", lambda p: cdiv(p.H, p.R_DOWN), lambda p, it: p.R_DOWN * p.I * it, "POOL_DOWN", True),
+    Kind("OPROJ", 4, "matvec", lambda p: cdiv(p.H, p.R_O), lambda p, it: weight_bytes(p, p.R_O, p.HQ * p.D, it),
+         "POOL_O", True),
+    Kind("GATEUP", 5, "matvec", lambda p: cdiv(p.I, p.R_GU), lambda p, it: 2 * weight_bytes(p, p.R_GU, p.H, it),
+         "POOL_GU", True),
+    Kind("DOWN", 6, "matvec", lambda p: cdiv(p.H, p.R_DOWN), lambda p, it: weight_bytes(p, p.R_DOWN, p.I, it),
+         "POOL_DOWN", True),
     Kind("LMHEAD", 7, "matvec", lambda p: cdiv(p.V, p.R_LM), lambda p, it: p.R_LM * p.H * it, "POOL_LM"),
     Kind("ARGMAX", 8, "argmax", lambda p: p.B, lambda p, it: 8 * cdiv(p.V, p.R_LM)),
     # Tensor parallelism (plans with TP > 1, ``instructions/allreduce.py``): O and down write this
     # rank's partial sums instead of adding into x, and REDUCE adds every rank's into x. A REDUCE
     # stage follows each of them; its instructions' layer word is the partial's slot, 2 l (after O)
     # or 2 l + 1 (after down).
-    Kind("OPART", 10, "allreduce", lambda p: cdiv(p.H, p.R_O), lambda p, it: p.R_O * p.HQ * p.D * it, "POOL_O", True),
-    Kind("DPART", 11, "allreduce", lambda p: cdiv(p.H, p.R_DOWN), lambda p, it: p.R_DOWN * p.I * it, "POOL_DOWN",
-         True),
+    Kind("OPART", 10, "allreduce", lambda p: cdiv(p.H, p.R_O), lambda p, it: weight_bytes(p, p.R_O, p.HQ * p.D, it),
+         "POOL_O", True),
+    Kind("DPART", 11, "allreduce", lambda p: cdiv(p.H, p.R_DOWN), lambda p, it: weight_bytes(p, p.R_DOWN, p.I, it),
+         "POOL_DOWN", True),
     Kind("REDUCE", 12, "allreduce", lambda p: cdiv(p.H, p.R_AR), lambda p, it: p.TP * p.B * p.R_AR * 4,
          per_layer=True, stages_per_layer=2),
 )

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from functools import partial
+from math import gcd
 
 from .kinds import KINDS, Op, cdiv as _cdiv, kind
 
@@ -117,6 +118,7 @@ class Plan:
     POOL_LM: int = 0
     TP: int = 1         # tensor parallel ranks: shapes above are one rank's (models/qwen3/tp.py)
     R_AR: int = 1       # rows of x per REDUCE tile (TP > 1)
+    FP8: int = 0        # 1: QKV, O, gate/up and down weights are block FP8 (one byte a weight, scales beside)
 
     def __post_init__(self):
         if self.ATTN_NEW and self.NSPLIT < 2:
@@ -138,12 +140,18 @@ class Plan:
         cannot leave it stale."""
         return next_pow2(self.NSPLIT)
 
+    @property
+    def SCALE_ROWS(self) -> int:
+        """Rows a scale row covers in the FP8 projections' stacked scale grids (``models.qwen3.fp8.
+        scale_rows``: 128 unless a fused part of a small shape is not a multiple of 128)."""
+        return gcd(128, self.HQ * self.D, self.HKV * self.D, self.I)
+
     def tiles(self, op: Op) -> int:
         """Tiles of one stage of ``op`` (``scheduler.kinds``)."""
         return kind(op).tiles(self)
 
     def constexprs(self) -> dict:
-        return {**asdict(self), "NSPLIT_PAD": self.NSPLIT_PAD}
+        return {**asdict(self), "NSPLIT_PAD": self.NSPLIT_PAD, "SCALE_ROWS": self.SCALE_ROWS}
 
 
 # Batched plans (batch 2 and up) read each weight once per step for the whole batch
@@ -316,10 +324,11 @@ def _base_plan(x: PlanInputs, nsplit: int | None, lm_rows: int | None) -> Plan:
 
 
 def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
-                   lm_rows: int | None = None, max_bk: int = MAX_BK,
-                   num_warps: int = 4, tp: int = 1) -> tuple[Plan, list[tuple[Rule, dict]]]:
+                   lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4, tp: int = 1,
+                   fp8: bool = False) -> tuple[Plan, list[tuple[Rule, dict]]]:
     """``make_plan``'s plan, and the rules of ``PLAN_RULES`` that fired with the fields each set.
-    ``tp`` > 1: ``cfg`` is one rank's shapes (``models.qwen3.tp.shard_config``)."""
+    ``tp`` > 1: ``cfg`` is one rank's shapes (``models.qwen3.tp.shard_config``). ``fp8`` (FP8
+    projections) is set after the rules: tiles are sized as for bf16 weights."""
     if not 1 <= batch_size <= MAX_BATCH:
         raise ValueError(f"batch size {batch_size} is outside what the kernels run: 1 to {MAX_BATCH}")
     x = PlanInputs(cfg, batch_size, max_seq_len, workers, max_bk, TILE_ELEMS * num_warps // 4, nsplit is not None,
@@ -335,15 +344,18 @@ def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit:
         # REDUCE tiles: few enough that the cross-GPU polls stay few (one per rank a tile), at
         # least 128 rows, so a tile's peer reads are whole 512-byte runs per sequence
         plan = replace(plan, TP=tp, R_AR=min(next_pow2(plan.H), max(128, next_pow2(_cdiv(plan.H, max(1, workers))))))
-    return plan, fired
+    return (replace(plan, FP8=1) if fp8 else plan), fired
 
 
 def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
-              lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4, tp: int = 1) -> Plan:
+              lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4, tp: int = 1,
+              fp8: bool = False) -> Plan:
     """Tile sizes for ``cfg`` at ``batch_size`` and ``max_seq_len`` on ``workers`` workers: the base
     plan with ``PLAN_RULES`` applied (``plan_and_rules`` says which fired). ``tp`` > 1: ``cfg`` is
-    one rank's shapes, and the step adds the ranks' partial sums after O and down."""
-    return plan_and_rules(cfg, batch_size, max_seq_len, workers, nsplit, lm_rows, max_bk, num_warps, tp)[0]
+    one rank's shapes, and the step adds the ranks' partial sums after O and down. ``fp8``: the
+    plan of FP8 projections (their bytes in ``cost``; the kernels read the format from the weights)."""
+    return plan_and_rules(cfg, batch_size, max_seq_len, workers, nsplit, lm_rows, max_bk, num_warps, tp=tp,
+                          fp8=fp8)[0]
 
 
 def short_b1_mlp(plan: Plan, workers: int) -> bool:

@@ -40,6 +40,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _own_plan_cache(tmp_path_factory, monkeypatch):
+    """Each test its own empty plan cache (megakernel.plans): plans tuned on this machine stay out."""
+    monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path_factory.mktemp("plans")))
+
+
 @pytest.fixture
 def seed(request) -> int:
     """This run's seed, varied per test so tests do not share their random draws."""

@@ -1,6 +1,7 @@
-"""FP8 checkpoints in Qwen's -FP8 format: block quantization and its inverse, loading such a
-checkpoint (dequantized, for now) against transformers on the same dequantized weights, and a
-clear error for every quantization this runtime does not load, before any tensor is allocated."""
+"""FP8 weights in Qwen's -FP8 format: block quantization and its inverse; loading such a checkpoint
+(its projections stay FP8) or quantizing on load; every kernel backend's FP8 tiles, at batch 1 and
+batched, against transformers on the same dequantized weights; and a clear error for every
+quantization this runtime does not load, before any tensor is allocated."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import torch
 
 from megakernel import MegaQwen3, load_model
 from models.qwen3.fp8 import (FP8_MAX, UnsupportedQuantization, check_quantization_config, dequantize_blockwise,
-                              quantize_blockwise)
-from models.qwen3.weights import CheckpointError, Qwen3Weights, load_checkpoint
+                              quantize_blockwise, scale_rows)
+from models.qwen3.weights import CheckpointError, Qwen3Weights, load_checkpoint, weight_bytes
 
 QWEN_FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -110,21 +111,31 @@ def set_quantization(folder, qc):
     (folder / "config.json").write_text(json.dumps(cfg))
 
 
-@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
-def test_fp8_checkpoint_matches_hf_on_dequantized_weights(tiny_checkpoint, seed, capsys, tie):
+def oracle_logits(tiny, real, prompt: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """transformers' float32 logits on the dequantized weights ``real``, at the prompt's last position
+    and after each of ``tokens`` (teacher forcing): [len(tokens) + 1, V]."""
     from transformers import Qwen3ForCausalLM
-
-    tiny = tiny_checkpoint(tie=tie, **SHAPE)
-    real = write_fp8_checkpoint(tiny)
     oracle = Qwen3ForCausalLM(tiny.hf.config).float().eval()
     missing, unexpected = oracle.load_state_dict(real, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}
+    with torch.no_grad():
+        return oracle(torch.cat([prompt, torch.tensor(tokens, dtype=torch.long)])[None]).logits[0, len(prompt) - 1:]
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_fp8_checkpoint_matches_hf_on_dequantized_weights(tiny_checkpoint, seed, tie):
+    tiny = tiny_checkpoint(tie=tie, **SHAPE)
+    real = write_fp8_checkpoint(tiny)
     # The oracle runs on the dequantized weights, not the float32 originals they came from.
     wq = tiny.hf.model.layers[0].self_attn.q_proj.weight
-    assert not torch.equal(oracle.model.layers[0].self_attn.q_proj.weight, wq)
+    assert not torch.equal(real["model.layers.0.self_attn.q_proj.weight"], wq)
 
     model = load_model(str(tiny.folder), device="cpu", dtype=torch.float32, progress=False)
-    assert "FP8 checkpoint dequantized to float32 on load; FP8 tiles are not built yet" in capsys.readouterr().err
+    assert model.quantization == "fp8" and model.weights.wqkv.dtype == torch.float8_e4m3fn
     assert model.weights.tied == tie
     prompt = torch.randint(0, tiny.vocab_size, (5 + seed % 11,), generator=torch.Generator().manual_seed(seed))
     mk = MegaQwen3(model, backend="reference", batch_size=1, max_seq_len=len(prompt) + 8)
@@ -134,24 +145,98 @@ def test_fp8_checkpoint_matches_hf_on_dequantized_weights(tiny_checkpoint, seed,
         tokens.append(int(logits[-1].argmax()))
         mk.step()
         logits.append(mk.logits[0].clone())
-    with torch.no_grad():
-        ref = oracle(torch.cat([prompt, torch.tensor(tokens)])[None]).logits[0, len(prompt) - 1:]
-    for ours, theirs in zip(logits, ref):
-        assert float((ours - theirs).norm() / theirs.norm()) < 1e-5
+    for ours, theirs in zip(logits, oracle_logits(tiny, real, prompt, tokens)):
+        assert rel(ours, theirs) < 1e-5
 
 
-def test_fp8_checkpoint_loads_dequantized_into_bf16(tiny_checkpoint, capsys):
+def test_fp8_checkpoint_stays_fp8_in_the_fused_layout(tiny_checkpoint):
+    from safetensors.torch import load_file
+
     tiny = tiny_checkpoint(**SHAPE)
     real = write_fp8_checkpoint(tiny)
+    files = {k: v for f in sorted(tiny.folder.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
     cfg, w = load_checkpoint(tiny.folder, dtype=torch.bfloat16, progress=False)
-    assert "FP8 checkpoint dequantized to bf16 on load; FP8 tiles are not built yet" in capsys.readouterr().err
-    assert w.dtype == torch.bfloat16
+    assert w.dtype == torch.bfloat16 and w.quantization == "fp8"
+    assert w.embed.dtype == w.lm_head.dtype == w.input_norm.dtype == torch.bfloat16
+    assert {n: getattr(w, n).dtype for n in ("wqkv", "wo", "wgate_up", "wdown")} == dict.fromkeys(
+        ("wqkv", "wo", "wgate_up", "wdown"), torch.float8_e4m3fn)
     q, kv, i = cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    sb = scale_rows(cfg)
+    assert sb == 32 and w.scale_rows == sb      # q 160, k and v 32 rows: not multiples of 128
     p = "model.layers.1."
-    # The fused layout: q|k|v rows and gate|up rows, each from its own dequantized projection.
-    assert torch.equal(w.wqkv[1, q:q + kv], real[p + "self_attn.k_proj.weight"].bfloat16())
-    assert torch.equal(w.wgate_up[1, i:], real[p + "mlp.up_proj.weight"].bfloat16())
-    assert torch.equal(w.wdown[1], real[p + "mlp.down_proj.weight"].bfloat16())
+    u8 = lambda t: t.view(torch.uint8)  # noqa: E731  (fp8 compared bit for bit)
+    # q|k|v and gate|up rows, each from its own projection, bit for bit
+    assert torch.equal(u8(w.wqkv[1, q:q + kv]), u8(files[p + "self_attn.k_proj.weight"]))
+    assert torch.equal(u8(w.wgate_up[1, i:]), u8(files[p + "mlp.up_proj.weight"]))
+    # each part's 128-row scale blocks repeated over its 32-row scale rows
+    k_scale = files[p + "self_attn.k_proj.weight_scale_inv"]
+    assert torch.equal(w.wqkv_scale[1, q // sb], k_scale[0])
+    v_scale = files[p + "self_attn.v_proj.weight_scale_inv"]
+    assert torch.equal(w.wqkv_scale[1, (q + kv) // sb], v_scale[0])
+    q_scale = files[p + "self_attn.q_proj.weight_scale_inv"]      # rows 128..159 are q's second block
+    assert torch.equal(w.wqkv_scale[1, 128 // sb], q_scale[1]) and torch.equal(w.wqkv_scale[1, 0], q_scale[0])
+    # what the torch paths multiply by: the dequantized weights, in the model's dtype
+    assert torch.equal(w.proj("wqkv", 1)[q:q + kv], real[p + "self_attn.k_proj.weight"].bfloat16())
+    assert torch.equal(w.proj("wgate_up", 1)[i:], real[p + "mlp.up_proj.weight"].bfloat16())
+    assert torch.equal(w.proj("wdown", 1), real[p + "mlp.down_proj.weight"].bfloat16())
+    # the memory check counts what was allocated: one byte a projection weight, plus scales
+    assert w.nbytes() == weight_bytes(cfg, torch.bfloat16, "fp8") < weight_bytes(cfg, torch.bfloat16)
+
+
+def test_quantize_on_load_gives_the_fp8_checkpoints_weights(tiny_checkpoint):
+    """``quantize="fp8"`` on a plain checkpoint quantizes each projection as Qwen's FP8 files are."""
+    plain = tiny_checkpoint(**SHAPE)
+    quantized = load_model(str(plain.folder), device="cpu", quantize="fp8", progress=False).weights
+    write_fp8_checkpoint(plain)      # the same weights, quantized by quantize_blockwise into files
+    stored = load_model(str(plain.folder), device="cpu", progress=False).weights
+    for name in ("wqkv", "wo", "wgate_up", "wdown"):
+        assert torch.equal(getattr(quantized, name).view(torch.uint8), getattr(stored, name).view(torch.uint8))
+        assert torch.equal(getattr(quantized, name + "_scale"), getattr(stored, name + "_scale"))
+    with pytest.raises(ValueError, match="quantize 'int8' is not supported: use 'fp8'"):
+        load_model(str(plain.folder), device="cpu", quantize="int8", progress=False)
+
+
+@pytest.mark.parametrize("size", ["0.6b", "8b", "32b"])
+def test_fp8_bytes_of_the_published_sizes(size):
+    """What the memory check and the floor count with FP8 projections: one byte a projection
+    weight, a float32 scale per 128x128 block of each, everything else in bf16."""
+    from models.qwen3.config import PRESETS
+    cfg = PRESETS[size]
+    L, H, I, q, kv = cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size
+    proj = L * cfg.layer_matrix_params
+    blocks = L * sum(math.ceil(n / 128) * math.ceil(k / 128)
+                     for n, k in [(q, H), (kv, H), (kv, H), (H, q), (I, H), (I, H), (H, I)])
+    assert scale_rows(cfg) == 128
+    assert weight_bytes(cfg, torch.bfloat16, "fp8") == proj + 4 * blocks + 2 * (cfg.num_parameters() - proj)
+    assert weight_bytes(cfg, torch.bfloat16) == 2 * cfg.num_parameters()
+
+
+BACKEND_CASES = [(be, b) for b in (1, 2) for be in ("per-op", "megakernel", "superkernel", "vm")]
+
+
+@pytest.mark.parametrize("backend,batch", BACKEND_CASES, ids=[f"{be}-b{b}" for be, b in BACKEND_CASES])
+def test_fp8_tiles_match_hf_on_dequantized_weights(tiny_checkpoint, seed, backend, batch):
+    """Every kernel backend's FP8 tiles (register tiles at batch 1, the batched tensor-core tiles at
+    batch 2) against transformers on the dequantized weights, in float32, over decode steps."""
+    tiny = tiny_checkpoint(**SHAPE)
+    real = write_fp8_checkpoint(tiny)
+    model = load_model(str(tiny.folder), device="cpu", dtype=torch.float32, progress=False)
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, tiny.vocab_size, (n,), generator=g) for n in (5, 3)[:batch]]
+    steps = 2
+    mk = MegaQwen3(model, backend=backend, batch_size=batch, max_seq_len=8 + steps)
+    assert mk.backend.plan.FP8 == 1
+    mk.prefill(prompts)
+    tokens, logits = [mk.tokens.tolist()], [mk.logits.clone()]
+    for _ in range(steps):
+        mk.step()
+        tokens.append(mk.tokens.tolist())
+        logits.append(mk.logits.clone())
+    for b, prompt in enumerate(prompts):
+        fed = [t[b] for t in tokens[:-1]]
+        want = oracle_logits(tiny, real, prompt, fed)
+        for i, (ours, theirs) in enumerate(zip([lg[b] for lg in logits], want)):
+            assert rel(ours, theirs) < 1e-5, f"sequence {b}, step {i}: relative error {rel(ours, theirs):.2e}"
 
 
 UNSUPPORTED = {
@@ -236,3 +321,96 @@ def test_damaged_fp8_checkpoints_fail_from_headers(tiny_checkpoint, no_allocatio
     (tiny.folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="F8_E4M3, but config.json has no FP8 quantization_config"):
         load_model(str(tiny.folder), device="cpu", progress=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command lines, the results table, devices without FP8
+
+
+def test_generate_quantize_fp8_on_the_tiny_random_model(cli):
+    """``--quantize fp8`` from generate's command line: the interpreted per-op FP8 tiles and the
+    reference on the same FP8 weights give the same greedy tokens, and the summary says fp8."""
+    args = ("-m", "tiny-random", "--random-weights", "--quantize", "fp8", "--prompt-ids", "1 2 3 4", "-n", 4,
+            "--device", "cpu", "--json")
+    runs = {}
+    for backend in ("reference", "per-op"):
+        proc = cli(*args, "--backend", backend, timeout=300)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert "with FP8 projections" in proc.stderr
+        summary = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert summary["quantization"] == "fp8" and summary["dtype"] == "float32"
+        runs[backend] = summary["sequences"][0]["tokens"]
+    assert len(runs["per-op"]) == 4 and runs["per-op"] == runs["reference"]
+    bad = cli(*args[:4], "int4", timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "invalid choice: 'int4'" in bad.stderr
+
+
+def test_bench_rows_carry_the_quantization(tmp_path, capsys):
+    from megakernel import bench, results
+    record = tmp_path / "r.jsonl"
+    assert bench.main(["--device", "cpu", "--quantize", "fp8", "--compare", "per-op", "-n", "3", "--prompt-len", "4",
+                       "--warmup", "0", "--record", str(record)]) == 0
+    out = capsys.readouterr().out
+    assert "fp8 projections" in out
+    rows = results.read_rows(record)
+    assert {r["backend"] for r in rows} == {"megakernel", "per-op"}
+    assert all(r["quantization"] == "fp8" and not r["error"] for r in rows)
+    # the floor counts the FP8 bytes: a tiny model's weights with one-byte projections
+    tiny = bench.tiny_model(torch.device("cpu"), quantize="fp8")
+    assert rows[0]["bytes_per_step"] < bench.step_bytes(bench.tiny_model(torch.device("cpu")), [4, 4])
+    assert tiny.weights.nbytes() < rows[0]["bytes_per_step"]
+    plain = dict(rows[0], quantization=None, time="0")
+    assert results.precision(rows[0]) == "float32, fp8 weights" and results.precision(plain) == "float32"
+    table = results.headline_markdown(rows + [plain], include_cpu=True)
+    assert "| float32, fp8 weights |" in table and "| float32 |" in table
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--quantize", "fp8", "--compare", "torch-compile"], "--compare torch-compile runs 16-bit weights only"),
+    (["--quantize", "int4"], "invalid choice: 'int4'"),
+])
+def test_bench_refuses_what_fp8_cannot_run(argv, message, capsys):
+    from megakernel import bench
+    assert bench.main(argv + ["--device", "cpu"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: ") and message in err, err
+
+
+def test_fp8_is_refused_on_the_npu_before_loading():
+    from types import SimpleNamespace
+
+    from megakernel import device
+    with pytest.raises(RuntimeError, match="FP8 weights are not supported on the NPU: triton-ascend documents no "
+                                           "float8 type"):
+        device.check_fp8(SimpleNamespace(type="npu"))
+    device.check_fp8(torch.device("cpu"))      # the interpreter reads float8e4nv
+
+
+def test_plan_costs_count_fp8_bytes():
+    from models.qwen3.config import PRESETS
+    from scheduler.ops import Op, cost, make_plan
+    cfg = PRESETS["8b"]
+    bf16, fp8 = (make_plan(cfg, 1, 4096, 264, fp8=q) for q in (False, True))
+    assert fp8.FP8 == 1 and bf16.FP8 == 0
+    # tiles are sized as for bf16 weights; only their bytes differ
+    assert {k: v for k, v in vars(bf16).items() if k != "FP8"} == {k: v for k, v in vars(fp8).items() if k != "FP8"}
+    R, H = fp8.R_QKV, cfg.hidden_size
+    assert cost(fp8, Op.QKV, 3) == 3 * (R * H + math.ceil(R / 128) * math.ceil(H / 128) * 4)
+    assert cost(bf16, Op.QKV, 3) == 3 * R * H * 2
+    assert cost(fp8, Op.LMHEAD, 2) == cost(bf16, Op.LMHEAD, 2)      # the LM head stays bf16
+
+
+def test_fp8_weights_save_in_qwens_layout_and_load_back(tmp_path):
+    """``save_checkpoint`` of FP8 weights writes Qwen's FP8 layout (what transformers' FP8 path and
+    this loader read), and loading it gives the same fp8 values and scales."""
+    from models.qwen3.config import DEMO_PRESETS
+    from models.qwen3.weights import random_weights, save_checkpoint
+    cfg = DEMO_PRESETS["tiny-random"]
+    w = random_weights(cfg, seed=3, quantize="fp8")
+    folder = save_checkpoint(tmp_path / "fp8", cfg, w)
+    assert json.loads((folder / "config.json").read_text())["quantization_config"] == QWEN_FP8
+    _, back = load_checkpoint(folder, progress=False)
+    for name in ("wqkv", "wo", "wgate_up", "wdown"):
+        assert torch.equal(getattr(back, name).view(torch.uint8), getattr(w, name).view(torch.uint8))
+        assert torch.equal(getattr(back, name + "_scale"), getattr(w, name + "_scale"))
+    assert torch.equal(back.dequantized().wqkv, w.dequantized().wqkv)

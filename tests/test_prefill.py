@@ -130,3 +130,17 @@ def test_bad_input_is_refused_before_any_work(tiny_checkpoint, prompts, chunk_si
     with pytest.raises(ValueError, match=message):
         prefill(model.config, model.weights, cache, prompts, chunk_size=chunk_size)
     assert not cache.k.any() and not cache.lengths.any()
+
+
+def test_default_chunk_is_bounded_by_the_activation_budget():
+    """A chunk's activations stay within PREFILL_ACT_BYTES (or the GEMM-rate minimum), so a long
+    prompt of a small model is one chunk (plain causal attention) and a large model's is cut."""
+    from models.qwen3.config import PRESETS
+    for name, cfg in PRESETS.items():
+        n = qwen3_prefill.default_chunk(cfg, torch.bfloat16)
+        per = qwen3_prefill.act_bytes_per_token(cfg, 2)
+        assert n >= qwen3_prefill.PREFILL_MIN_CHUNK, name
+        assert n == qwen3_prefill.PREFILL_MIN_CHUNK or n * per <= qwen3_prefill.PREFILL_ACT_BYTES, name
+        assert (n + 1) * per > qwen3_prefill.PREFILL_ACT_BYTES or n == qwen3_prefill.PREFILL_MIN_CHUNK, name
+    assert qwen3_prefill.default_chunk(PRESETS["0.6b"], torch.bfloat16) >= 32768
+    assert qwen3_prefill.default_chunk(PRESETS["32b"], torch.bfloat16) < 32768

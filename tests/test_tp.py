@@ -154,3 +154,114 @@ def test_headline_has_a_tp_column_for_tp_rows():
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[1:]]
     assert [(c[4], c[7], c[8]) for c in cells] == [("1", "9.000", "-"), ("2", "5.000", "6.000")]
     assert "tp" not in results.headline_markdown(rows[:1]).splitlines()[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 weights at TP: each rank's FP8 values and scale blocks are the whole model's, cut apart
+
+# Every part whole 128-row scale blocks at TP 2 (q, k, v 128 rows a rank; intermediate 128 a rank)
+FP8_SHAPE = dict(hidden=128, intermediate=256, heads=2, kv_heads=2, head_dim=128)
+FP8_TINY = Qwen3Config(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                       num_key_value_heads=2, head_dim=128, vocab_size=96)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal to the bit (fp8 compared as bytes)."""
+    if a.dtype == torch.float8_e4m3fn:
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    return a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_fp8_shards_are_the_whole_models_cut(seed):
+    """FP8 random weights generated rank by rank are the one-GPU FP8 weights cut along whole scale
+    blocks: the same fp8 bytes and the same scales (so TP runs the one-GPU model's values)."""
+    from models.qwen3.tp import check_tp_fp8
+    full = random_weights(FP8_TINY, seed=seed, quantize="fp8")
+    for r in range(2):
+        shard = TPShard(FP8_TINY, 2, r)
+        mine = random_shard(shard, seed=seed, quantize="fp8")
+        cut = shard_weights(shard, full)
+        assert mine.quantization == "fp8" and mine.scale_rows == 128
+        assert set(mine.tensors()) == set(cut.tensors()) and "wqkv_scale" in mine.tensors()
+        for name, t in mine.tensors().items():
+            assert _same(t, cut.tensors()[name]), name
+    # the FP8 split needs whole blocks: TINY's 16-wide heads are refused with one line
+    with pytest.raises(ValueError, match=r"--tp 2 with FP8 weights: .* whole 128-row scale blocks"):
+        check_tp_fp8(TINY, 2)
+    with pytest.raises(ValueError, match="with FP8 weights"):
+        random_shard(TPShard(TINY, 2, 0), quantize="fp8")
+
+
+@pytest.mark.parametrize("how", ["fp8-checkpoint", "quantize-on-load"])
+def test_fp8_checkpoint_loads_one_ranks_share(tiny_checkpoint, how):
+    """A rank loads its share of an FP8 checkpoint (weights and _scale_inv cut as they are read), or
+    of a plain one quantized on load: the cut of the whole model's FP8 weights, bit for bit."""
+    from tests.test_fp8 import write_fp8_checkpoint
+    t = tiny_checkpoint(**FP8_SHAPE)
+    quantize = "fp8"
+    if how == "fp8-checkpoint":
+        write_fp8_checkpoint(t)
+        quantize = None             # the checkpoint is FP8 by itself
+    whole = load_model(str(t.folder), dtype="float32", progress=False, quantize=quantize)
+    assert whole.quantization == "fp8"
+    for r in range(2):
+        part = load_model(str(t.folder), dtype="float32", progress=False, quantize=quantize, tp=2, rank=r)
+        assert part.quantization == "fp8" and part.config.intermediate_size == 128
+        cut = shard_weights(TPShard(whole.config, 2, r), whole.weights)
+        for name, v in part.weights.tensors().items():
+            assert _same(v, cut.tensors()[name]), name
+
+
+def test_tp2_fp8_equals_tp1_fp8(tmp_path):
+    """Two gloo processes at TP 2 on an FP8 checkpoint give TP 1's FP8 tokens on the reference,
+    per-op and the megakernel (the FP8 tiles on each rank's share), the ranks' logits equal to the
+    bit and within float32 rounding of TP 1's."""
+    from tests.conftest import SEED, build_checkpoint
+    from tests.test_fp8 import write_fp8_checkpoint
+    t = build_checkpoint(tmp_path / "fp8", SEED, **FP8_SHAPE)
+    write_fp8_checkpoint(t)
+    folder = str(t.folder)
+    backends = ("reference", "per-op", "megakernel")
+    one = tp_ranks.decode(0, 1, folder, ["megakernel"], PROMPTS, 4)["megakernel"]
+    ranks = tp_mod.spawn(2, tp_ranks.decode, 2, folder, backends, PROMPTS, 4, timeout_s=300)
+    for backend in backends:
+        (tok0, lg0), (tok1, lg1) = ranks[0][backend], ranks[1][backend]
+        assert tok0.tolist() == one[0].tolist(), backend
+        assert torch.equal(tok0, tok1) and torch.equal(lg0, lg1), backend
+        torch.testing.assert_close(lg0, one[1], rtol=1e-4, atol=1e-4, msg=backend)
+
+
+def test_generate_cli_refuses_fp8_tp_that_does_not_split(cli):
+    """--quantize fp8 --tp 2 on a model whose heads are not whole 128-row scale blocks a rank: one
+    line and status 2, before any process is started."""
+    bad = cli("-m", "tiny-random", "--random-weights", "--prompt-ids", "1 2 3", "-n", "2", "--quantize", "fp8",
+              "--tp", "2")
+    assert bad.returncode == 2 and bad.stdout == ""
+    last = bad.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --tp 2 with FP8 weights") and "128-row scale blocks" in last, bad.stderr
+
+
+def test_tuned_plans_are_keyed_by_the_tp_degree():
+    """A rank's plan is not a one-GPU plan of the same shapes (its tape has REDUCE stages): the plan
+    cache keys entries by TP degree, a TP run never takes a one-GPU entry, and entries written
+    before the degree was part of the key read as TP 1."""
+    from megakernel import plans
+    cfg = shard_config(TINY, 2)
+    one = plans.Key.of("cpu", cfg, torch.float32, 1, 64)
+    two = plans.Key.of("cpu", cfg, torch.float32, 1, 64, tp=2)
+    assert one.tp == 1 and two.tp == 2 and one.id() != two.id()
+
+    def entry(key, **fields):
+        return plans.Entry(key=key, fields=fields, strategy="balanced", workers_per_sm=None,
+                           tuned_at="2026-01-02T03:04:05+00:00", rules_ms=2.0, tuned_ms=1.0, max_seq_len=64)
+
+    plans.save([entry(one, KV_STAGES=2)])
+    assert plans.choose("auto", "cpu", cfg, torch.float32, 1, 64).entry.fields == {"KV_STAGES": 2}
+    assert plans.choose("auto", "cpu", cfg, torch.float32, 1, 64, tp=2).name == "rules"
+    with pytest.raises(ValueError, match="the tuner measures one GPU .* use --plan rules"):
+        plans.choose("tuned", "cpu", cfg, torch.float32, 1, 64, tp=2)
+    plans.save([entry(two, KV_STAGES=1)])
+    assert plans.choose("tuned", "cpu", cfg, torch.float32, 1, 64, tp=2).entry.fields == {"KV_STAGES": 1}
+    old = entry(one).to_json()
+    del old["key"]["tp"]
+    assert plans.Entry.from_json(old).key == one

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 
-def _model(rank: int, tp: int, name: str, random_weights: bool, dtype: str, device=None):
+def _model(rank: int, tp: int, name: str, random_weights: bool, dtype: str, device=None, quantize=None):
     import megakernel  # noqa: F401  (the interpreter on the CPU, before any kernel is defined)
     from megakernel import load_model
     from megakernel import tp as tp_mod
@@ -15,18 +15,18 @@ def _model(rank: int, tp: int, name: str, random_weights: bool, dtype: str, devi
     if tp > 1:
         tp_mod.init(tp)
     return load_model(name, random_weights=random_weights, dtype=dtype, tp=tp, rank=rank, progress=False,
-                      device=device)
+                      device=device, quantize=quantize)
 
 
 def decode(rank: int, tp: int, name: str, backends, prompts, steps: int, per_launch: int = 1, max_seq_len: int = 32,
-           dtype: str = "float32", random_weights: bool = False, device=None, **options) -> dict:
+           dtype: str = "float32", random_weights: bool = False, device=None, quantize=None, **options) -> dict:
     """Rank ``rank`` of ``tp``: load its share of model ``name`` (a checkpoint folder, or random
     weights), then for each backend prefill ``prompts`` and decode ``steps`` greedy steps in
     launches of ``per_launch``. Returns backend: (tokens [B, 1 + steps], the last logits [B, V]),
-    CPU tensors."""
+    CPU tensors. ``quantize="fp8"``: the projections in block FP8."""
     from megakernel import MegaQwen3
 
-    model = _model(rank, tp, name, random_weights, dtype, device)
+    model = _model(rank, tp, name, random_weights, dtype, device, quantize)
     out = {}
     for backend in backends:
         mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=len(prompts), backend=backend, **options)

@@ -52,6 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tp", type=_tp_degree, default=1,
                    help="tensor parallel degree: the model split over this many GPUs, one process each (started "
                         "here, or by torchrun); rank 0 serves, the others repeat its steps (default 1)")
+    p.add_argument("--plan", choices=("auto", "rules", "tuned"), default="auto",
+                   help="the kernels' tile plan: tuned (python -m megakernel.tune's cache), rules, or auto (tuned "
+                        "where cached for this device, model, batch and max_seq_len; default)")
     p.add_argument("--log-prompts", action="store_true", help="log prompt text (off by default)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     args = p.parse_args(argv)
@@ -108,7 +111,7 @@ def sampling_defaults(folder: Path | None) -> dict:
 
 
 def build(model, *, batch_size: int = 16, max_seq_len: int = 4096, max_queue: int = 256, backend: str | None = None,
-          name: str | None = None, log_prompts: bool = False, warmup: bool = True):
+          name: str | None = None, log_prompts: bool = False, warmup: bool = True, plan: str = "auto"):
     """The FastAPI app and its running engine for a loaded ``Qwen3Model`` (megakernel.load_model)."""
     from models.qwen3.tokenizer import stop_token_ids
 
@@ -125,7 +128,7 @@ def build(model, *, batch_size: int = 16, max_seq_len: int = 4096, max_queue: in
                           stop_ids=frozenset(stop_token_ids(model.checkpoint, model.config)),
                           defaults=sampling_defaults(model.checkpoint), log_prompts=log_prompts)
     backend = backend or default_backend(model.device)
-    mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=batch_size, backend=backend)
+    mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=batch_size, backend=backend, plan=plan)
     if mk.tp > 1:       # rank 0 of a tensor-parallel run: the other ranks repeat its calls (tp.follow)
         from megakernel import tp as tp_mod
         mk = tp_mod.Leader(mk, mk.tp_group)
@@ -152,7 +155,7 @@ def main(argv=None) -> int:
             sock.close()
             source = locate_model(args.model, random_weights=args.random_weights)
             return tp_mod.start(args.tp, devices.resolve(args.device), source.config, "megakernel.serve.server:main",
-                                list(sys.argv[1:] if argv is None else argv))[0]
+                                list(sys.argv[1:] if argv is None else argv), source.quantization)[0]
     except (UsageError, ValueError, RuntimeError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
@@ -169,7 +172,7 @@ def main(argv=None) -> int:
         if args.tp > 1:
             from megakernel.model import locate_model
             source = locate_model(args.model, random_weights=args.random_weights)
-            _, dev = tp_mod.start(args.tp, dev, source.config, "", [])
+            _, dev = tp_mod.start(args.tp, dev, source.config, "", [], source.quantization)
             rank = tp_mod.current().rank
         t0 = time.perf_counter()
         model = load_model(args.model, random_weights=args.random_weights, device=dev,
@@ -178,11 +181,12 @@ def main(argv=None) -> int:
             from megakernel.generate import default_backend
             from megakernel.runtime import MegaQwen3
             mk = MegaQwen3(model, max_seq_len=args.max_seq_len, batch_size=args.batch_size,
-                           backend=args.backend or default_backend(dev))
+                           backend=args.backend or default_backend(dev), plan=args.plan)
             return tp_mod.follow(mk, tp_mod.current())
         app, engine, config, codec = build(model, batch_size=args.batch_size, max_seq_len=args.max_seq_len,
                                            max_queue=args.max_queue, backend=args.backend,
-                                           name=args.served_model_name or args.model, log_prompts=args.log_prompts)
+                                           name=args.served_model_name or args.model, log_prompts=args.log_prompts,
+                                           plan=args.plan)
     except (UsageError, ValueError, OSError, RuntimeError, MemoryError) as e:
         # ValueError covers CheckpointError and bad settings; RuntimeError an absent device or backend
         if sock is not None:
@@ -190,9 +194,9 @@ def main(argv=None) -> int:
         print(f"error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
         return 2
     host, port = sock.getsockname()[:2]
-    log.info("serving %s (%s, %s) on http://%s:%d: batch %d, max_seq_len %d, backend %s, %s; ready in %.1f s",
-             config.model_name, model.dtype, model.device, host, port, args.batch_size, args.max_seq_len,
-             engine.mk.backend_name, "text and chat" if codec.has_chat_template else
+    log.info("serving %s (%s, %s) on http://%s:%d: batch %d, max_seq_len %d, backend %s, plan: %s, %s; ready in "
+             "%.1f s", config.model_name, model.dtype, model.device, host, port, args.batch_size, args.max_seq_len,
+             engine.mk.backend_name, engine.mk.plan_choice.label, "text and chat" if codec.has_chat_template else
              "text" if codec.has_text else "token ids only (no tokenizer)", time.perf_counter() - t0)
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
     try:

@@ -15,7 +15,11 @@ import math
 import torch
 
 BLOCK = 128
+SCALE_SUFFIX = "_scale_inv"     # a projection's block scales: ``<weight name>_scale_inv``
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max     # 448: the largest finite e4m3fn value
+
+# The quantization_config of Qwen's -FP8 checkpoints, written with FP8 weights (``save_checkpoint``)
+QWEN_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 
 SUPPORTED = ('FP8 e4m3 with 128x128 weight blocks and dynamic activations '
              '(quant_method "fp8", as in Qwen\'s -FP8 checkpoints)')
@@ -131,3 +135,41 @@ def dequantize_blockwise(q: torch.Tensor, scale_inv: torch.Tensor, block: int = 
         raise ValueError(f"dequantize_blockwise: scale_inv of shape {list(scale_inv.shape)} for a weight of shape "
                          f"{[n, k]}, expected {list(scale_shape(n, k, block))} ({block}x{block} blocks)")
     return q.float() * _expand(scale_inv.float(), n, k, block)
+
+
+# ---------------------------------------------------------------------------------------------
+# The stacked layout the kernels read. The runtime fuses q|k|v and gate|up rows (``weights.py``),
+# each part with its own 128-row scale blocks, so the fused tensor's scales are stored as one grid
+# of ``scale_rows`` rows a scale row: 128 wherever every part is a multiple of 128 rows (every
+# Qwen3 size), fewer only in small test shapes, whose 128-row blocks are then repeated. Any row r
+# of a fused or single projection finds its scale at [r // scale_rows, k // 128].
+
+
+def scale_rows(cfg) -> int:
+    """Rows a scale row covers in the stacked grids of ``cfg``'s projections: the largest power of
+    two that divides 128 and every fused part (q, k, v rows; gate, up rows)."""
+    return math.gcd(BLOCK, cfg.q_size, cfg.kv_size, cfg.intermediate_size)
+
+
+def grid_shape(n: int, k: int, rows: int) -> tuple[int, int]:
+    """Shape of the stacked scale grid of an [n, k] projection at ``rows`` rows a scale row."""
+    return (math.ceil(n / rows), math.ceil(k / BLOCK))
+
+
+def to_grid(scale_inv: torch.Tensor, n: int, rows: int) -> torch.Tensor:
+    """A part's [ceil(n/128), kb] scale_inv as ``rows``-row scale rows: [ceil(n/rows), kb]."""
+    return scale_inv.float().repeat_interleave(BLOCK // rows, 0)[:math.ceil(n / rows)]
+
+
+def from_grid(grid: torch.Tensor, n: int, rows: int) -> torch.Tensor:
+    """The inverse of ``to_grid`` for a part whose rows start on a 128-row block: its scale_inv."""
+    return grid[::BLOCK // rows][:math.ceil(n / BLOCK)].contiguous()
+
+
+def dequantize_grid(q: torch.Tensor, grid: torch.Tensor, rows: int, dtype=torch.float32) -> torch.Tensor:
+    """The weight of fp8 rows ``q`` [n, k] whose scales are ``grid`` at ``rows`` rows a scale row
+    (the grid's first row covering q's first row), computed as the kernels do: fp8.float() * scale
+    in float32, then ``dtype``."""
+    n, k = q.shape
+    s = grid.repeat_interleave(rows, 0)[:n].repeat_interleave(BLOCK, 1)[:, :k]
+    return (q.float() * s).to(dtype)

@@ -1,8 +1,9 @@
 """Prompt processing (prefill) on torch's GEMMs and ``scaled_dot_product_attention``.
 
 The prompts of a batch are packed back to back into one token stream (no padding to the longest),
-which is cut into chunks of at most ``chunk_size`` tokens; each chunk goes through every layer before
-the next one starts, so activations stay bounded by the chunk however long the prompt is. Per layer:
+which is cut into chunks of at most ``chunk_size`` tokens (by default as many as an activation budget
+holds: most prompts are one chunk); each chunk goes through every layer before the next one starts,
+so activations stay bounded by the chunk however long the prompt is. Per layer:
 the input RMSNorm, one fused QKV GEMM, q/k RMSNorm and RoPE over all heads at once, the chunk's keys
 and values written into the KV cache in the layout the decode kernels read (``[layers, batch,
 kv_heads, max_seq_len, head_dim]``), then attention for each piece of a sequence in the chunk: its
@@ -30,7 +31,27 @@ from .config import Qwen3Config
 from .reference import KVCache, rope_cos_sin
 from .weights import Qwen3Weights
 
-PREFILL_CHUNK = 4096   # tokens per chunk: large enough for full-rate GEMMs, small enough to bound memory
+# A chunk's activations (about ``act_bytes_per_token`` each) are bounded by this budget rather than
+# by a token count: a prompt that fits is one chunk, whose attention is plain causal (SDPA's flash
+# kernel), where later chunks would attend from the lower right over their cache prefix.
+PREFILL_ACT_BYTES = 2 << 30
+PREFILL_MIN_CHUNK = 4096    # never fewer tokens a chunk: below this the GEMMs lose their rate
+PREFILL_CHUNK: int | None = None   # a fixed chunk size instead of the budget (tests)
+
+
+def act_bytes_per_token(cfg: Qwen3Config, itemsize: int) -> int:
+    """Bytes a token's activations take in one layer of ``prefill``: x and its norm, qkv and the
+    rotated q/k, attention's output, gate|up and the SiLU product."""
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
+    return itemsize * (3 * cfg.hidden_size + 2 * qkv + cfg.q_size + 3 * cfg.intermediate_size)
+
+
+def default_chunk(cfg: Qwen3Config, dtype: torch.dtype) -> int:
+    """Tokens a chunk: PREFILL_CHUNK where set, else as many as PREFILL_ACT_BYTES holds."""
+    if PREFILL_CHUNK is not None:
+        return PREFILL_CHUNK
+    per = act_bytes_per_token(cfg, torch.empty(0, dtype=dtype).element_size())
+    return max(PREFILL_MIN_CHUNK, PREFILL_ACT_BYTES // per)
 
 
 def plan_chunks(lengths: Sequence[int], chunk_size: int) -> list[list[tuple[int, int, int, int]]]:
@@ -81,11 +102,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence,
             chunk_size: int | None = None, reduce=None) -> torch.Tensor:
     """Prefill sequence b of ``cache`` with ``prompts[b]`` (1-D token ids) from position 0, in
-    chunks of at most ``chunk_size`` tokens (default ``PREFILL_CHUNK``); sets ``cache.lengths``.
+    chunks of at most ``chunk_size`` tokens (default ``default_chunk``); sets ``cache.lengths``.
     Returns float32 logits [B, vocab] of each prompt's last position. ``reduce``: with tensor
     parallelism (``cfg`` and ``w`` one rank's share, ``tp.py``), the in-place sum over the ranks
     of the O and down projections' partial sums, before their residual adds."""
-    chunk_size = PREFILL_CHUNK if chunk_size is None else chunk_size
+    chunk_size = default_chunk(cfg, w.dtype) if chunk_size is None else chunk_size
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     if len(prompts) != cache.batch_size:
@@ -126,7 +147,7 @@ def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence
         x = w.embed[tokens[c0:c0 + n]]                                        # [n, H]
         for l in range(L):
             h = F.rms_norm(x, (H,), w.input_norm[l], eps)
-            qkv = F.linear(h, w.wqkv[l])                                      # [n, (Hq + 2 Hkv) D]
+            qkv = F.linear(h, w.proj("wqkv", l))                              # [n, (Hq + 2 Hkv) D]
             torch.mul(cos[c0:c0 + n], norm_w[l], out=rope_cos)                 # computed in float32
             torch.mul(sin[c0:c0 + n], norm_w_rolled[l], out=rope_sin)
             qkn = F.rms_norm(qkv[:, :k_end].view(n, G + 1, Hkv, D), (D,), eps=eps)
@@ -143,16 +164,16 @@ def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence
                                    cache.v[l, b, :, :p0 + m]))
             attn = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(n, cfg.q_size)
             if reduce is None:
-                x.addmm_(attn, w.wo[l].T)
+                x.addmm_(attn, w.proj("wo", l).T)
             else:
-                x.add_(reduce(attn @ w.wo[l].T))
+                x.add_(reduce(attn @ w.proj("wo", l).T))
             h = F.rms_norm(x, (H,), w.post_norm[l], eps)
-            gate_up = F.linear(h, w.wgate_up[l])
+            gate_up = F.linear(h, w.proj("wgate_up", l))
             act = F.silu(gate_up[:, :cfg.intermediate_size]).mul_(gate_up[:, cfg.intermediate_size:])
             if reduce is None:
-                x.addmm_(act, w.wdown[l].T)
+                x.addmm_(act, w.proj("wdown", l).T)
             else:
-                x.add_(reduce(act @ w.wdown[l].T))
+                x.add_(reduce(act @ w.proj("wdown", l).T))
         for b, p0, o, m in pieces:
             if p0 + m == lengths[b]:
                 last[b] = x[o + m - 1:o + m]

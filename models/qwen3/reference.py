@@ -83,7 +83,7 @@ def _qkv(cfg: Qwen3Config, w: Qwen3Weights, l: int, x: torch.Tensor, cos, sin):
     cos/sin broadcast against [N, 1, D]."""
     N, D = x.shape[0], cfg.head_dim
     h = rmsnorm(x, w.input_norm[l], cfg.rms_norm_eps)
-    q, k, v = (h @ w.wqkv[l].T).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+    q, k, v = (h @ w.proj("wqkv", l).T).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
     q = apply_rope(rmsnorm(q.view(N, -1, D), w.q_norm[l], cfg.rms_norm_eps), cos, sin)
     k = apply_rope(rmsnorm(k.view(N, -1, D), w.k_norm[l], cfg.rms_norm_eps), cos, sin)
     return q, k, v.view(N, -1, D)
@@ -91,8 +91,8 @@ def _qkv(cfg: Qwen3Config, w: Qwen3Weights, l: int, x: torch.Tensor, cos, sin):
 
 def _mlp_residual(cfg: Qwen3Config, w: Qwen3Weights, l: int, x: torch.Tensor, reduce=None) -> torch.Tensor:
     h = rmsnorm(x, w.post_norm[l], cfg.rms_norm_eps)
-    gate, up = (h @ w.wgate_up[l].T).split(cfg.intermediate_size, dim=-1)
-    return x + _summed((F.silu(gate) * up) @ w.wdown[l].T, reduce)
+    gate, up = (h @ w.proj("wgate_up", l).T).split(cfg.intermediate_size, dim=-1)
+    return x + _summed((F.silu(gate) * up) @ w.proj("wdown", l).T, reduce)
 
 
 def _summed(partial: torch.Tensor, reduce) -> torch.Tensor:
@@ -120,7 +120,7 @@ def forward_tokens(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, b: int, id
         cache.v[l, b, :, start:start + T] = v.transpose(0, 1)
         o = _attend(q.transpose(0, 1), cache.k[l, b, :, :start + T], cache.v[l, b, :, :start + T], mask,
                     cfg.group_size)
-        x = x + _summed(o.transpose(0, 1).reshape(T, cfg.q_size) @ w.wo[l].T, reduce)
+        x = x + _summed(o.transpose(0, 1).reshape(T, cfg.q_size) @ w.proj("wo", l).T, reduce)
         x = _mlp_residual(cfg, w, l, x, reduce)
     x = rmsnorm(x if all_logits else x[-1:], w.final_norm, cfg.rms_norm_eps)
     logits = (x @ w.lm_head.T).float()

@@ -70,7 +70,7 @@ def decode_logits(cfg: Qwen3Config, w: Qwen3Weights, cache: StaticKVCache, token
         scores = scores.masked_fill(~visible, float("-inf"))
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
         o = torch.matmul(probs, cache.v[l]).reshape(B, cfg.q_size)            # [B, Hkv, G, D]
-        x = x + o @ w.wo[l].T
+        x = x + o @ w.proj("wo", l).T
         x = _mlp_residual(cfg, w, l, x)
     return (rmsnorm(x, w.final_norm, cfg.rms_norm_eps) @ w.lm_head.T).float()
 
@@ -98,7 +98,7 @@ def prefill_logits(cfg: Qwen3Config, w: Qwen3Weights, cache: StaticKVCache, ids:
             kk = cache.k[l][:, :, :end].repeat_interleave(cfg.group_size, dim=1)
             vv = cache.v[l][:, :, :end].repeat_interleave(cfg.group_size, dim=1)
             o = F.scaled_dot_product_attention(q.view(B, n, -1, D).transpose(1, 2), kk, vv, attn_mask=mask)
-            x = x + o.transpose(1, 2).reshape(B * n, cfg.q_size) @ w.wo[l].T
+            x = x + o.transpose(1, 2).reshape(B * n, cfg.q_size) @ w.proj("wo", l).T
             x = _mlp_residual(cfg, w, l, x)
     last = x.view(B, n, -1)[:, -1]
     return (rmsnorm(last, w.final_norm, cfg.rms_norm_eps) @ w.lm_head.T).float()

@@ -14,7 +14,9 @@ written once to a cache folder as safetensors so later runs reload them quickly.
 
 Qwen's FP8 checkpoints (``quantization_config`` in config.json, ``*_scale_inv`` block scales beside
 float8_e4m3fn projections; see ``fp8.py``) are checked the same way, from config and headers, and
-for now load dequantized into the requested dtype: the FP8 tiles that would read them are not built.
+load as FP8: the four stacked projections stay float8_e4m3fn beside float32 scale grids (the FP8
+tiles read them), everything else in the requested dtype. ``quantize="fp8"`` puts a bf16 checkpoint,
+or random weights, into the same format on load, one projection at a time.
 """
 
 from __future__ import annotations
@@ -28,12 +30,25 @@ from pathlib import Path
 
 import torch
 
+from . import fp8
 from .config import DEMO_PRESETS, PRESETS, REPO_IDS, Qwen3Config, size_key
-from .fp8 import UnsupportedQuantization, check_quantization_config, dequantize_blockwise, scale_shape
+from .fp8 import UnsupportedQuantization, check_quantization_config, scale_shape
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded: the message names the file or tensor and why."""
+
+
+PROJ_NAMES = ("wqkv", "wo", "wgate_up", "wdown")   # the projections FP8 stores as float8_e4m3fn
+QUANTIZATIONS = ("fp8",)
+
+
+def check_quantize(quantize) -> str | None:
+    """``quantize`` as given (None or "fp8"); anything else is a ValueError that names the choices."""
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise ValueError(f"quantize {quantize!r} is not supported: use {' or '.join(map(repr, QUANTIZATIONS))} "
+                         f"(block FP8 e4m3 weights, as in Qwen's -FP8 checkpoints), or None")
+    return quantize
 
 
 @dataclass
@@ -51,15 +66,35 @@ class Qwen3Weights:
     wo: torch.Tensor           # [L, H, Hq D]
     wgate_up: torch.Tensor     # [L, 2 I, H]: gate rows, then up rows
     wdown: torch.Tensor        # [L, H, I]
+    # FP8 (``fp8.py``): the four projections above are float8_e4m3fn and these their float32
+    # scales, [L, ceil(rows / scale_rows), ceil(K / 128)] (``fp8.scale_rows``); None otherwise.
+    wqkv_scale: torch.Tensor | None = None
+    wo_scale: torch.Tensor | None = None
+    wgate_up_scale: torch.Tensor | None = None
+    wdown_scale: torch.Tensor | None = None
 
     def __repr__(self) -> str:
+        fp8 = ", fp8 projections" if self.quantization else ""
         return (f"Qwen3Weights({self.wqkv.shape[0]} layers, hidden {self.embed.shape[1]}, vocab {self.embed.shape[0]}, "
-                f"{str(self.dtype).removeprefix('torch.')} on {self.device}, {self.nbytes() / 1e9:.2f} GB"
+                f"{str(self.dtype).removeprefix('torch.')}{fp8} on {self.device}, {self.nbytes() / 1e9:.2f} GB"
                 f"{', tied head' if self.tied else ''})")
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.wqkv.dtype
+        """The model's dtype: embeddings, norms, the LM head, activations and the KV cache."""
+        return self.embed.dtype
+
+    @property
+    def quantization(self) -> str | None:
+        """"fp8" where the projections are block FP8, else None."""
+        return "fp8" if self.wqkv.dtype == torch.float8_e4m3fn else None
+
+    @property
+    def scale_rows(self) -> int:
+        """Rows a scale row covers (``fp8.scale_rows``); 128 where the weights are not FP8."""
+        if self.wqkv_scale is None:
+            return fp8.BLOCK
+        return self.wqkv.shape[1] // self.wqkv_scale.shape[1]
 
     @property
     def device(self) -> torch.device:
@@ -67,40 +102,100 @@ class Qwen3Weights:
 
     @property
     def tied(self) -> bool:
+        if self.lm_head.is_meta:     # (every meta tensor's data_ptr is 0)
+            return self.lm_head is self.embed
         return self.lm_head.data_ptr() == self.embed.data_ptr()
 
+    def proj(self, name: str, layer: int) -> torch.Tensor:
+        """Projection ``name`` (``PROJ_NAMES``) of one layer in the model's dtype, dequantized where
+        FP8: what the torch paths (the reference, prefill) multiply by."""
+        w = getattr(self, name)[layer]
+        if w.dtype != torch.float8_e4m3fn:
+            return w
+        return fp8.dequantize_grid(w, getattr(self, name + "_scale")[layer], self.scale_rows, self.dtype)
+
+    def dequantized(self, dtype=None) -> "Qwen3Weights":
+        """A copy in plain ``dtype`` (default: the model's) with the projections dequantized, one
+        layer at a time; in float32 these are exactly the weights the FP8 tiles multiply by."""
+        dtype = dtype or self.dtype
+        out = {k: v.to(dtype) for k, v in self.tensors().items()
+               if k != "lm_head" and k not in PROJ_NAMES and not k.endswith("_scale")}
+        for name in PROJ_NAMES:
+            t = getattr(self, name)
+            out[name] = torch.empty(t.shape, dtype=dtype, device=t.device)
+            for l in range(t.shape[0]):
+                out[name][l] = self.proj(name, l)
+        head = out["embed"] if self.tied else self.lm_head.to(dtype)
+        return Qwen3Weights(lm_head=head, **out)
+
     def to(self, dtype=None, device=None) -> "Qwen3Weights":
-        """A copy in another dtype/device that keeps a tied head tied."""
-        moved = {k: v.to(device=device, dtype=dtype) for k, v in self.tensors().items() if k != "lm_head"}
+        """A copy in another dtype/device that keeps a tied head tied. FP8 projections and their
+        scales keep their own dtypes (only the device changes)."""
+        def move(k, v):
+            keep = k.endswith("_scale") or v.dtype == torch.float8_e4m3fn
+            return v.to(device=device, dtype=None if keep else dtype)
+        moved = {k: move(k, v) for k, v in self.tensors().items() if k != "lm_head"}
         head = moved["embed"] if self.tied else self.lm_head.to(device=device, dtype=dtype)
         return Qwen3Weights(lm_head=head, **moved)
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
     def nbytes(self) -> int:
-        """Bytes of weights a decode step reads (a tied head counted once)."""
+        """Bytes of weights a decode step reads (a tied head counted once; FP8 projections at one
+        byte a weight, plus their scales)."""
         total = sum(t.numel() * t.element_size() for n, t in self.tensors().items() if n != "lm_head")
         if not self.tied:
             total += self.lm_head.numel() * self.lm_head.element_size()
         return total
 
     @staticmethod
-    def empty(cfg: Qwen3Config, dtype: torch.dtype, device) -> "Qwen3Weights":
+    def empty(cfg: Qwen3Config, dtype: torch.dtype, device, quantize: str | None = None) -> "Qwen3Weights":
         L, H, D, I, V = (cfg.num_hidden_layers, cfg.hidden_size, cfg.head_dim,
                          cfg.intermediate_size, cfg.vocab_size)
         e = lambda *shape: torch.empty(*shape, dtype=dtype, device=device)  # noqa: E731
         embed = e(V, H)
+        proj = {"wqkv": (cfg.qkv_size, H), "wo": (H, cfg.q_size), "wgate_up": (2 * I, H), "wdown": (H, I)}
+        scales = {}
+        if check_quantize(quantize) == "fp8":
+            rows = fp8.scale_rows(cfg)
+            scales = {n + "_scale": torch.empty(L, *fp8.grid_shape(*nk, rows), dtype=torch.float32, device=device)
+                      for n, nk in proj.items()}
+        pdt = torch.float8_e4m3fn if quantize else dtype
         return Qwen3Weights(
             embed=embed, lm_head=embed if cfg.tie_word_embeddings else e(V, H), final_norm=e(H),
             input_norm=e(L, H), post_norm=e(L, H), q_norm=e(L, D), k_norm=e(L, D),
-            wqkv=e(L, cfg.qkv_size, H), wo=e(L, H, cfg.q_size), wgate_up=e(L, 2 * I, H),
-            wdown=e(L, H, I))
+            **{n: torch.empty(L, *nk, dtype=pdt, device=device) for n, nk in proj.items()}, **scales)
+
+
+def weight_bytes(cfg: Qwen3Config, dtype: torch.dtype, quantize: str | None = None) -> int:
+    """Bytes the weights of ``cfg`` take in ``dtype`` (FP8 projections and their scales with
+    ``quantize``): what a memory check before loading counts."""
+    return Qwen3Weights.empty(cfg, dtype, "meta", quantize).nbytes()
+
+
+def proj_parts(cfg: Qwen3Config, name: str) -> list[tuple[int, int]]:
+    """(first row, rows) of each Hugging Face tensor in stacked projection ``name``: q, k, v in
+    wqkv; gate, up in wgate_up; the one tensor of wo and wdown. Each has its own scale blocks."""
+    q, kv, I, H = cfg.q_size, cfg.kv_size, cfg.intermediate_size, cfg.hidden_size
+    return {"wqkv": [(0, q), (q, kv), (q + kv, kv)], "wgate_up": [(0, I), (I, I)],
+            "wo": [(0, H)], "wdown": [(0, H)]}[name]
+
+
+HF_PROJ = {"wqkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "wo": ("self_attn.o_proj",),
+           "wgate_up": ("mlp.gate_proj", "mlp.up_proj"), "wdown": ("mlp.down_proj",)}
+
+
+def _proj_slots(cfg: Qwen3Config, l: int):
+    """(HF weight name, stacked projection, first row, rows) of layer l's projections."""
+    for name, hf in HF_PROJ.items():
+        for part, (r0, n) in zip(hf, proj_parts(cfg, name)):
+            yield f"model.layers.{l}.{part}.weight", name, r0, n
 
 
 def hf_slots(cfg: Qwen3Config, w: Qwen3Weights) -> dict[str, torch.Tensor]:
-    """Map every Hugging Face tensor name to the view of the stacked buffer it fills."""
-    q, kv, I = cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    """Map every Hugging Face tensor name to the view of the stacked buffer it fills (an FP8
+    projection's scales: ``hf_scale_slots``)."""
     slots = {
         "model.embed_tokens.weight": w.embed,
         "model.norm.weight": w.final_norm,
@@ -114,43 +209,64 @@ def hf_slots(cfg: Qwen3Config, w: Qwen3Weights) -> dict[str, torch.Tensor]:
             p + "post_attention_layernorm.weight": w.post_norm[l],
             p + "self_attn.q_norm.weight": w.q_norm[l],
             p + "self_attn.k_norm.weight": w.k_norm[l],
-            p + "self_attn.q_proj.weight": w.wqkv[l, :q],
-            p + "self_attn.k_proj.weight": w.wqkv[l, q:q + kv],
-            p + "self_attn.v_proj.weight": w.wqkv[l, q + kv:],
-            p + "self_attn.o_proj.weight": w.wo[l],
-            p + "mlp.gate_proj.weight": w.wgate_up[l, :I],
-            p + "mlp.up_proj.weight": w.wgate_up[l, I:],
-            p + "mlp.down_proj.weight": w.wdown[l],
         })
+        slots.update({hf: getattr(w, name)[l, r0:r0 + n] for hf, name, r0, n in _proj_slots(cfg, l)})
     return slots
 
 
+def hf_scale_slots(cfg: Qwen3Config, w: Qwen3Weights) -> dict[str, tuple[torch.Tensor, int]]:
+    """FP8 weights: each projection's ``<name>_scale_inv`` -> (the rows of the stacked scale grid
+    it fills, the projection's rows); a part starts on a scale row (``fp8.scale_rows``)."""
+    rows = w.scale_rows
+    return {hf + fp8.SCALE_SUFFIX: (getattr(w, name + "_scale")[l, r0 // rows:(r0 + n + rows - 1) // rows], n)
+            for l in range(cfg.num_hidden_layers) for hf, name, r0, n in _proj_slots(cfg, l)}
+
+
 def to_hf_state_dict(cfg: Qwen3Config, w: Qwen3Weights) -> dict[str, torch.Tensor]:
-    """The inverse of loading: HF names to (contiguous copies of) our tensors."""
+    """The inverse of loading: HF names to (contiguous copies of) our tensors; FP8 weights with
+    their ``_scale_inv`` in Qwen's layout."""
     sd = {name: t.contiguous().clone() for name, t in hf_slots(cfg, w).items()}
+    if w.quantization:
+        sd.update({name: fp8.from_grid(grid, n, w.scale_rows) for name, (grid, n) in hf_scale_slots(cfg, w).items()})
     if cfg.tie_word_embeddings:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
     return sd
 
 
-def random_weights(cfg: Qwen3Config, seed: int = 0, dtype=torch.float32, device="cpu") -> Qwen3Weights:
+def random_weights(cfg: Qwen3Config, seed: int = 0, dtype=torch.float32, device="cpu",
+                   quantize: str | None = None) -> Qwen3Weights:
     """Deterministic random weights of the true shapes (for one seed and device type), scaled so
     every layer moves the residual stream about as much as the embedding does: the greedy
     tokens then depend on the whole network (not just echo the input) and win by clear margins.
-    Generated one layer slice at a time, on the target device, so large models need no host copy."""
+    Generated one layer slice at a time, on the target device, so large models need no host copy.
+    With ``quantize="fp8"`` each projection's slice, rounded to ``dtype`` as it would be stored,
+    is quantized part by part (the same values as without, in FP8)."""
     g = torch.Generator(device=device).manual_seed(seed)
-    w = Qwen3Weights.empty(cfg, dtype, device)
+    w = Qwen3Weights.empty(cfg, dtype, device, quantize)
     norms = ("input_norm", "post_norm", "q_norm", "k_norm", "final_norm")
     for name, t in w.tensors().items():
-        if name == "lm_head" and w.tied:
+        if (name == "lm_head" and w.tied) or name.endswith("_scale"):
             continue
         if name in norms:
             std, mean = 0.1, 1.0   # norm weights around 1, as trained models have
         else:
             std, mean = (0.1 if name == "embed" else t.shape[-1] ** -0.5), 0.0
-        for part in (t if t.dim() == 3 else [t]):
-            part.copy_(torch.randn(part.shape, generator=g, device=device, dtype=torch.float32) * std + mean)
+        for l, part in enumerate(t if t.dim() == 3 else [t]):
+            r = torch.randn(part.shape, generator=g, device=device, dtype=torch.float32) * std + mean
+            if part.dtype != torch.float8_e4m3fn:
+                part.copy_(r)
+                continue
+            r = r.to(dtype)
+            for r0, n in proj_parts(cfg, name):
+                _put_fp8(w, name, l, r0, *fp8.quantize_blockwise(r[r0:r0 + n]))
     return w
+
+
+def _put_fp8(w: Qwen3Weights, name: str, l: int, r0: int, q: torch.Tensor, scale_inv: torch.Tensor):
+    """Store one projection's fp8 rows and its scale_inv at row r0 of layer l's stacked ``name``."""
+    rows, n = w.scale_rows, q.shape[0]
+    getattr(w, name)[l, r0:r0 + n].copy_(q)
+    getattr(w, name + "_scale")[l, r0 // rows:(r0 + n + rows - 1) // rows].copy_(fp8.to_grid(scale_inv, n, rows))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,7 +323,7 @@ def checkpoint_files(folder: Path) -> list[Path]:
 
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-SCALE_SUFFIX = "_scale_inv"
+SCALE_SUFFIX = fp8.SCALE_SUFFIX
 
 
 def fp8_block(folder: Path) -> tuple[int, int] | None:
@@ -290,30 +406,35 @@ def check_checkpoint(folder: str | Path, cfg: Qwen3Config | None = None) -> dict
     return headers
 
 
-def load_checkpoint(folder: str | Path, dtype=torch.float32, device="cpu",
-                    cfg: Qwen3Config | None = None, progress: bool = True,
+def load_checkpoint(folder: str | Path, dtype=torch.float32, device="cpu", cfg: Qwen3Config | None = None,
+                    progress: bool = True, quantize: str | None = None,
                     shard=None) -> tuple[Qwen3Config, Qwen3Weights]:
     """Load a local Hugging Face Qwen3 checkpoint folder into the stacked layout, converting
-    each tensor to ``dtype`` (bf16 files load into float32 and back exactly). The folder is
-    checked first (``check_checkpoint``), so a damaged one fails before anything is allocated.
-    ``shard`` (a ``tp.TPShard``): only that rank's share reaches ``device``, each tensor cut on
+    each tensor to ``dtype`` (bf16 files load into float32 and back exactly). An FP8 checkpoint's
+    projections stay FP8 with their scales; ``quantize="fp8"`` quantizes a plain checkpoint's
+    projections on load, one tensor at a time (on ``device``). The folder is checked first
+    (``check_checkpoint``), so a damaged one fails before anything is allocated. ``shard`` (a
+    ``tp.TPShard``): only that rank's share reaches ``device``, each tensor (and FP8 scale) cut on
     the host as it is read, and the returned config is the rank's (``tp.shard_config``)."""
     from safetensors import safe_open
     from tqdm.auto import tqdm
 
     folder = Path(folder)
+    check_quantize(quantize)
     headers = check_checkpoint(folder, cfg)
     cfg = cfg or Qwen3Config.from_json(folder / "config.json")
-    block = fp8_block(folder)
-    if block is not None:
-        print(f"FP8 checkpoint dequantized to {_DTYPE_NAMES.get(dtype, dtype)} on load; FP8 tiles are not built yet",
-              file=sys.stderr)
+    if fp8_block(folder) is not None:
+        quantize = "fp8"
     if shard is not None:
+        if quantize:
+            from .tp import check_tp_fp8
+            check_tp_fp8(cfg, shard.tp)
         cfg = shard.config
-    w = Qwen3Weights.empty(cfg, dtype, device)
+    cut = shard.take if shard is not None else (lambda name, t: t)
+    w = Qwen3Weights.empty(cfg, dtype, device, quantize)
     slots = hf_slots(cfg, w)
-    # A scale_inv may sit in another shard than its weight.
-    scale_files = {n: f for f, h in headers.items() for n in h if n.endswith(SCALE_SUFFIX)}
+    scale_slots = hf_scale_slots(cfg, w) if quantize else {}
+    proj = {hf: (name, l, r0) for l in range(cfg.num_hidden_layers) for hf, name, r0, _ in _proj_slots(cfg, l)}
     total = sum(len([k for k in h if k != "__metadata__"]) for h in headers.values())
     bar = tqdm(total=total, desc=f"Loading {folder.name}", unit="tensor", disable=not progress,
                file=sys.stderr)
@@ -323,46 +444,44 @@ def load_checkpoint(folder: str | Path, dtype=torch.float32, device="cpu",
                 for name in sf.keys():
                     bar.update(1)
                     slot = slots.get(name)
+                    if name in scale_slots:
+                        grid, n = scale_slots[name]
+                        grid.copy_(fp8.to_grid(cut(name, sf.get_tensor(name)), n, w.scale_rows))
                     if slot is None:
                         continue    # checked above: a scale_inv, a tied head's copy or rotary_emb.inv_freq
                     t = sf.get_tensor(name)
-                    if t.dtype == torch.float8_e4m3fn:
-                        t = dequantize_blockwise(t, _read_tensor(sf, f, scale_files[name + SCALE_SUFFIX],
-                                                                 name + SCALE_SUFFIX), block[0])
-                    slot.copy_((shard.take(name, t) if shard is not None else t).to(dtype))
+                    t = cut(name, t)
+                    if slot.dtype == torch.float8_e4m3fn and t.dtype != torch.float8_e4m3fn:
+                        _put_fp8(w, *proj[name], *fp8.quantize_blockwise(t.to(device)))
+                    else:
+                        slot.copy_(t.to(dtype) if t.dtype != torch.float8_e4m3fn else t)
         except Exception as e:  # the safetensors reader's own errors on damaged files
             raise CheckpointError(f"{f}: cannot read ({type(e).__name__}: {e})") from None
     bar.close()
     return cfg, w
 
 
-_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "float32"}
-
-
-def _read_tensor(sf, sf_file: Path, file: Path, name: str) -> torch.Tensor:
-    """Tensor ``name`` of ``file``, through the already open ``sf`` where that is its file."""
-    from safetensors import safe_open
-    if file == sf_file:
-        return sf.get_tensor(name)
-    with safe_open(str(file), framework="pt", device="cpu") as other:
-        return other.get_tensor(name)
-
-
 def save_checkpoint(folder: str | Path, cfg: Qwen3Config, w: Qwen3Weights, dtype=None) -> Path:
-    """Write config.json and model.safetensors in Hugging Face's layout. The tensors go to a
+    """Write config.json and model.safetensors in Hugging Face's layout (FP8 weights in Qwen's
+    FP8 layout, with its quantization_config; ``dtype`` converts the others). The tensors go to a
     temporary file renamed at the end, removed if writing fails or is interrupted."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    if dtype is None:
+    if dtype is None or w.quantization:
         sd = to_hf_state_dict(cfg, w)
         if cfg.tie_word_embeddings:
             del sd["lm_head.weight"]
+        keep = lambda k, t: dtype is None or k.endswith(SCALE_SUFFIX) or t.dtype == torch.float8_e4m3fn  # noqa: E731
+        sd = {k: t if keep(k, t) else t.to(dtype) for k, t in sd.items()}
     else:   # one converted copy per tensor (separate storage, as safetensors requires)
         sd = {k: t.to(dtype=dtype, copy=True).contiguous() for k, t in hf_slots(cfg, w).items()}
     _write_safetensors({k: v.cpu() for k, v in sd.items()}, folder / "model.safetensors", save_file)
-    (folder / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    config = cfg.to_dict()
+    if w.quantization:
+        config["quantization_config"] = dict(fp8.QWEN_CONFIG)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder
 
 
@@ -530,13 +649,13 @@ def check_host_memory(nbytes: int, what: str, margin: float = 1.05):
 
 
 def load_random(cfg: Qwen3Config, seed: int, dtype, device, label: str, progress: bool = True,
-                shard=None) -> Qwen3Weights:
+                quantize: str | None = None, shard=None) -> Qwen3Weights:
     """Deterministic random weights. Models under 2B parameters are generated once on the CPU and
     cached as safetensors (float32 for tiny ones, bf16 otherwise) so later runs load the same
     values quickly on any device; larger ones are generated on the device each time. The cache
     folder appears whole or not at all: it is written under a temporary name that is removed if
-    writing fails or is interrupted. ``shard`` (a ``tp.TPShard`` of ``cfg``): that rank's share
-    of the same values."""
+    writing fails or is interrupted. ``quantize="fp8"``: the same values, quantized on load.
+    ``shard`` (a ``tp.TPShard`` of ``cfg``): that rank's share of the same values."""
     import hashlib
     import shutil
 
@@ -544,13 +663,14 @@ def load_random(cfg: Qwen3Config, seed: int, dtype, device, label: str, progress
     if params > 2_000_000_000:
         if shard is not None:
             from .tp import random_shard
-            return random_shard(shard, seed=seed, dtype=dtype, device=device)
-        return random_weights(cfg, seed=seed, dtype=dtype, device=device)
+            return random_shard(shard, seed=seed, dtype=dtype, device=device, quantize=quantize)
+        return random_weights(cfg, seed=seed, dtype=dtype, device=device, quantize=quantize)
     key = hashlib.sha1(json.dumps([cfg.to_dict(), seed], sort_keys=True).encode()).hexdigest()[:12]
     folder = cache_dir() / "random" / f"{label}-seed{seed}-{key}"
     if (folder / "model.safetensors").exists():
         try:
-            return load_checkpoint(folder, dtype=dtype, device=device, cfg=cfg, progress=progress, shard=shard)[1]
+            return load_checkpoint(folder, dtype=dtype, device=device, cfg=cfg, progress=progress,
+                                   quantize=quantize, shard=shard)[1]
         except CheckpointError as e:
             print(f"Regenerating random weights: cached copy unreadable ({e})", file=sys.stderr)
     disk_dtype = torch.float32 if params < 50_000_000 else torch.bfloat16
@@ -570,14 +690,32 @@ def load_random(cfg: Qwen3Config, seed: int, dtype, device, label: str, progress
         print(f"(not caching random weights: {e})", file=sys.stderr)
         w = w.to(dtype=disk_dtype).to(dtype=dtype)
         if shard is not None:
-            from .tp import shard_weights
-            w = shard_weights(shard, w)
-        return w.to(device=device)
+            from .tp import check_tp_fp8, shard_weights
+            if quantize:
+                check_tp_fp8(cfg, shard.tp)
+            w, cfg = shard_weights(shard, w), shard.config
+        w = w.to(device=device)
+        return _quantized(cfg, w) if quantize else w
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     del w
-    return load_checkpoint(folder, dtype=dtype, device=device, cfg=cfg, progress=progress, shard=shard)[1]
+    return load_checkpoint(folder, dtype=dtype, device=device, cfg=cfg, progress=progress, quantize=quantize,
+                           shard=shard)[1]
+
+
+def _quantized(cfg: Qwen3Config, w: Qwen3Weights) -> Qwen3Weights:
+    """``w`` with its projections quantized to FP8, part by part (a small model's fallback)."""
+    out = Qwen3Weights.empty(cfg, w.dtype, w.device, "fp8")
+    for name, t in w.tensors().items():
+        if name not in PROJ_NAMES and name != "lm_head":
+            getattr(out, name).copy_(t)
+    if not w.tied:
+        out.lm_head.copy_(w.lm_head)
+    for l in range(cfg.num_hidden_layers):
+        for _, name, r0, n in _proj_slots(cfg, l):
+            _put_fp8(out, name, l, r0, *fp8.quantize_blockwise(getattr(w, name)[l, r0:r0 + n]))
+    return out
 
 
 def _remove_stale_partials(folder: Path):
