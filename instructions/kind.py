@@ -15,11 +15,14 @@ from typing import Callable
 class DeviceKind:
     op: int                     # scheduler.kinds.Op
     tile: object                # @triton.jit tile function the persistent kernel dispatches to
-    kernel: object              # @triton.jit per-op kernel: one program per tile of a stage
+    kernel: object              # @triton.jit per-op kernel: one program per tile of a stage (None: ``host``)
     reference: Callable         # torch version of tiles [t0, t1): fn(st, plan, layer, t0, t1)
     reads: tuple[str, ...]      # step buffers (``megakernel.buffers.SPEC``) its tiles read
     writes: tuple[str, ...]     # ... and write
     num_warps: int | None = None    # the per-op kernel's warps, where fixed (else the backend's)
+    # the per-op backends' step of a kind that is no kernel there: fn(st, plan, layer) on the host
+    # between launches (REDUCE: torch.distributed's all-reduce)
+    host: Callable | None = None
 
 
 def weight_rows(st, plan, name: str, layer: int, rows: slice):

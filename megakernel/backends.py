@@ -27,10 +27,16 @@ class MegakernelError(RuntimeError):
     """A persistent kernel stopped on a wait that timed out; the message names the instruction."""
 
 
+class RankError(MegakernelError):
+    """Another rank of a tensor-parallel run stopped or failed (or this one did): the message names
+    it (``megakernel.tp``)."""
+
+
 def model_state(mk) -> dict[str, torch.Tensor]:
-    """The runtime's tensors a step advances (``buffers.SPEC``'s state role), by buffer name."""
+    """The runtime's tensors a step advances (``buffers.SPEC``'s state role), by buffer name; with
+    tensor parallelism also its symmetric buffers (``megakernel.tp``), where it has them."""
     return dict(tokens=mk.tokens, lengths=mk.cache.lengths, k_cache=mk.cache.k, v_cache=mk.cache.v,
-                logits=mk.logits)
+                logits=mk.logits, **getattr(mk, "tp_buffers", {}))
 
 
 def step_buffers(mk, plan: Plan, num_warps: int = 4, **control) -> StepBuffers:
@@ -52,7 +58,7 @@ def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = N
     persistent and per-op backends both use it, so with the same workers their numbers agree bit
     for bit."""
     plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk, num_warps=num_warps,
-                     fp8=mk.weights.quantization == "fp8")
+                     tp=getattr(mk, "tp", 1), fp8=mk.weights.quantization == "fp8")
     choice = getattr(mk, "plan_choice", None)
     tuned = choice.entry.fields if choice is not None and choice.entry is not None else {}
     return dataclasses.replace(plan, **{**tuned, **(overrides or {})})
@@ -92,8 +98,9 @@ class PersistentBackend:
             raise ValueError("the interpreter runs one program at a time: use num_workers=1 on the CPU")
         # polls before a wait gives up: well under a second on a GPU (a legal wait is microseconds);
         # on the interpreter every legal wait is already satisfied (one worker, topological
-        # order), so a few polls suffice
-        self.spin = spin if spin is not None else (1 << 19 if dev.type == "cuda" else 4)
+        # order), so a few polls suffice, except a REDUCE's on the other ranks' processes
+        tp = getattr(mk, "tp", 1)
+        self.spin = spin if spin is not None else (1 << 19 if dev.type == "cuda" else 1 << 16 if tp > 1 else 4)
         self.num_warps, self.strategy, self.max_bk = num_warps, strategy, max_bk
         self.steps = self._reset_at = 0
         self._pending = None
@@ -150,6 +157,9 @@ class PersistentBackend:
         return max(1, min(by_regs, by_threads, by_smem))
 
     def reset_counters(self):
+        group = getattr(self.mk, "tp_group", None)
+        if group is not None:
+            group.reset_flags()     # every rank at once: a peer may still read this one's flags
         self._reset_at = self.steps
         self.counters.zero_()
         self.st.amax.fill_(k_common.KEY_EMPTY.value)     # a failed step may have left a partial maximum
@@ -231,6 +241,9 @@ class PersistentBackend:
             if pos1:
                 stuck[w] = (pos1 - 1, counter, target, seen)
         self.err.zero_()
+        group = getattr(self.mk, "tp_group", None)
+        if group is not None:
+            self._raise_rank_error(stuck, group)
         self.reset_counters()
         producers = {}
         for w, i, ins in self.tape.instructions():
@@ -259,6 +272,31 @@ class PersistentBackend:
         raise MegakernelError(f"{self.mode}: {msg}. {others} other worker(s) stalled behind it. The step's "
                               f"outputs are invalid; counters were reset.")
 
+    def _raise_rank_error(self, stuck: dict, group):
+        """A tensor-parallel step that failed: stop every rank (``tp.TPGroup.abort``) and raise
+        ``RankError`` naming the rank that stopped first, as far as this rank can tell: one that
+        aborted, one whose flag never came (a REDUCE's codes, ``instructions.allreduce``), or this
+        one, whose own wait timed out. The group's flags are left as they are: it is spent."""
+        from instructions.allreduce import ABORTED, PEER_TIMEOUT
+        aborted = PEER_TIMEOUT.value - (1 << 16)    # codes below this: ABORTED - rank
+        why = None
+        for w, (pos, counter, target, seen) in stuck.items():
+            ins = self.tape.workers[w][pos] if 0 <= pos < len(self.tape.workers[w]) else None
+            if ins is None or ins.op != Op.REDUCE or seen >= 0:
+                continue
+            if seen <= aborted:
+                why = f"rank {ABORTED.value - seen} aborted the run (its step failed)"
+                break
+            why = (f"rank {PEER_TIMEOUT.value - seen} never published its partial sum for {ins.describe()} "
+                   f"({self.tape.counter_names.get(ins.signal_counter, '?')}): it stopped or failed")
+        first = group.aborted_by()
+        if why is None:
+            why = (f"rank {first} aborted the run (its step failed)" if first is not None and first != group.rank
+                   else f"this rank's step failed: worker {next(iter(stuck), '?')} timed out on a wait of its own")
+        group.abort()
+        raise RankError(f"{self.mode} rank {group.rank} of {group.tp}: {why}. The step's outputs are invalid and the "
+                        f"tensor-parallel group is stopped: start the run again.")
+
     def synchronize(self):
         self._check_errors(now=True)
 
@@ -283,6 +321,9 @@ def per_op_launches(st: StepBuffers, plan: Plan) -> list[tuple]:
     consts = plan.constexprs()
     for stage in build_stages(plan):
         kind = DEVICE_KINDS[stage.op]
+        if kind.kernel is None:     # a host step between launches (REDUCE: the all-reduce)
+            launches.append((kind.host, None, dict(st=st, plan=plan, layer=stage.layer)))
+            continue
         kwargs = kernel_args(kind.kernel, st, consts, layer=stage.layer)
         kwargs["num_warps"] = kind.num_warps or st.num_warps
         launches.append((kind.kernel, (plan.tiles(stage.op),), kwargs))
@@ -309,7 +350,10 @@ class PerOpBackend:
 
     def launch(self):
         for fn, grid, kwargs in self.seq:
-            fn[grid](**kwargs)
+            if grid is None:
+                fn(**kwargs)
+            else:
+                fn[grid](**kwargs)
 
     def decode(self):
         if not self.use_graph:

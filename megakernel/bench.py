@@ -31,9 +31,12 @@ import torch
 
 from . import device as devices
 from . import results as table
+from . import tp as tp_mod
 
 PEERS = ("per-op", "superkernel", "cuda-graph", "torch-compile", "hf-compile", "hf", "reference")
 KERNEL_BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph", "reference")
+# the peers that run tensor parallel (the torch and transformers peers hold the whole model)
+TP_PEERS = ("per-op", "superkernel", "cuda-graph", "reference")
 DEFAULT_COMPARE = {"cuda": "cuda-graph,torch-compile,hf-compile", "npu": "per-op,superkernel",
                    "cpu": "per-op,superkernel"}
 GPU_DEFAULTS = {"model": "0.6b", "prompt_len": "128", "max_new_tokens": 256}
@@ -557,6 +560,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="decode steps per launch of the megakernel (greedy), 1 to 64, as generate() runs them; "
                         "a launch's time counts as that many steps of equal time")
     p.add_argument("--device", default=None, help="cpu, cuda or npu; default the best available")
+    p.add_argument("--tp", type=tp_mod.parse_tp, default=1,
+                   help="tensor parallel degree: the model split over this many GPUs, one process each (started "
+                        "here, or by torchrun); rank 0 prints and records. Peers: per-op, cuda-graph, superkernel")
     p.add_argument("--seed", type=int, default=None, help="prompt seed; default a fresh one each run (recorded)")
     p.add_argument("--force-cpu", action="store_true",
                    help=f"run a model of more than {CPU_MAX_PARAMS // 1_000_000}M parameters on the CPU anyway "
@@ -623,7 +629,9 @@ def settle(args, dev):
         args.prompt_lens = _int_list("--prompt-len", d["prompt_len"])
     if args.max_new_tokens is None:
         args.max_new_tokens = d["max_new_tokens"]
-    if args.compare is None:
+    if args.compare is None and args.tp > 1:
+        args.compare_list = _backends("cuda-graph" if dev.type == "cuda" else "per-op")
+    elif args.compare is None:
         args.compare_list = _backends("hf" if args.max_new_tokens == 1 else DEFAULT_COMPARE.get(dev.type, "per-op"))
         if args.quantize:
             args.compare_list = [c for c in args.compare_list if c in KERNEL_BACKENDS]
@@ -681,6 +689,8 @@ def main(argv=None):
     try:
         args = parse_args(argv)
         result = bench(args)
+        if "tp_status" in result:       # the ranks' processes ran it
+            return result["tp_status"]
     except (UsageError, ValueError, RuntimeError, OSError, MemoryError) as e:
         sys.stdout.flush()
         print(f"error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
@@ -696,16 +706,31 @@ def bench(args) -> dict:
     from . import load_model
     dev = devices.resolve(args.device)
     settle(args, dev)
+    rank = 0
+    if args.tp > 1:
+        if args.model == "tiny":
+            raise UsageError("--tp needs a model size or checkpoint (--model), not the tiny CPU default")
+        bad = [c for c in args.compare_list if c not in TP_PEERS]
+        if bad:
+            raise UsageError(f"--compare {bad[0]} does not run tensor parallel: at --tp choose from {', '.join(TP_PEERS)}")
+        from .model import locate_model
+        source = locate_model(args.model, random_weights=args.random_weights)
+        status, dev = tp_mod.start(args.tp, dev, source.config, "megakernel.bench:main", args.argv,
+                                   args.quantize or source.quantization)
+        if status is not None:
+            return {"tp_status": status}
+        rank = tp_mod.current().rank
     if args.model == "tiny":
         model = tiny_model(dev, quantize=args.quantize)
     else:
-        model = load_model(args.model, random_weights=args.random_weights, device=dev, quantize=args.quantize)
+        model = load_model(args.model, random_weights=args.random_weights, device=dev, quantize=args.quantize,
+                           tp=args.tp, rank=rank)
         if dev.type == "cpu" and model.config.num_parameters() > CPU_MAX_PARAMS and not args.force_cpu:
             raise UsageError(_cpu_refusal(args.model, model.config.num_parameters()))
     cfg = model.config
     from . import plans
     for B in args.batch_sizes if "tuned" in args.plans else ():     # a missing tuned plan: before any timing
-        plans.choose("tuned", dev, cfg, model.dtype, B, args.max_seq_len, "megakernel", args.model)
+        plans.choose("tuned", dev, cfg, model.dtype, B, args.max_seq_len, "megakernel", args.model, tp=args.tp)
     seed = args.seed if args.seed is not None else int(time.time())
     g = torch.Generator().manual_seed(seed)
     bw = copy_bandwidth_gbps(dev)
@@ -717,7 +742,7 @@ def bench(args) -> dict:
            "model": args.model, "weights": "random" if model.random_weights else str(model.checkpoint),
            "dtype": str(model.dtype).replace("torch.", ""), "quantization": model.quantization,
            "copy_gbps": round(bw, 1) if bw else None,
-           "prompt_seed": seed}
+           "prompt_seed": seed, "tp": args.tp}
     result = {**run, "batch_sizes": args.batch_sizes, "prompt_lens": args.prompt_lens,
               "new_tokens": args.max_new_tokens, "max_seq_len": args.max_seq_len,
               "backends": ["megakernel"] + args.compare_list, "plans": args.plans, "results": []}
@@ -797,7 +822,10 @@ def _finish_rows(rows):
 
 
 def _write_outputs(result, run, args):
-    """The JSON file and the table rows, written also where a backend (or the run) failed part-way."""
+    """The JSON file and the table rows, written also where a backend (or the run) failed part-way;
+    with --tp by rank 0 alone."""
+    if args.tp > 1 and tp_mod.current() is not None and tp_mod.current().rank:
+        return
     if args.output_json:
         with open(args.output_json, "w") as f:
             f.write(json.dumps(result, indent=1) + "\n")

@@ -91,6 +91,14 @@ SPEC: tuple[Buffer, ...] = (
     Buffer("k_cache", lambda d: (d.L, d.B, d.HKV, d.S, d.D), ACT, "state"),
     Buffer("v_cache", lambda d: (d.L, d.B, d.HKV, d.S, d.D), ACT, "state"),
     Buffer("logits", lambda d: (d.B, d.V), _f32, "state"),
+    # tensor parallelism (TP > 1; instructions/allreduce.py): each rank's partial sums and flags, in
+    # symmetric memory where the persistent kernel reads its peers' (megakernel/tp.py), and their
+    # addresses in this process; one word each at TP 1
+    Buffer("part", lambda d: (2 * d.L, d.B, d.H) if d.TP > 1 else (1, 1, 1), _f32, "state",
+           doc="slot 2 l: O's partial sum of layer l, 2 l + 1: down's"),
+    Buffer("flags", lambda d: (1 + 2 * d.L,) if d.TP > 1 else (1,), _i32, "state",
+           doc="[0] abort (1 + the rank that aborted), [1 + slot] the last step whose partial is published"),
+    Buffer("peers", lambda d: (2 * d.TP,), _i64, "state", doc="every rank's part, then flags, addresses"),
     # scratch; the hot ones in their layout's order
     Buffer("x", lambda d: (d.B, d.H), _f32, "scratch", hot=True, doc="the residual stream"),
     Buffer("attn", lambda d: (d.B, d.HQ * d.D), ACT, "scratch", hot=True, doc="attention's output"),

@@ -42,29 +42,36 @@ def _aligned(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v % 16 == 0
 
 
-def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int, dtype, quantize=None, **options):
+def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int, dtype, tp: int = 1, quantize=None,
+                    **options):
     """(kernel, keyword arguments) of one step of every kernel backend, on meta tensors (FP8
-    projections with ``quantize="fp8"``)."""
+    projections with ``quantize="fp8"``); ``tp`` > 1: of a rank of a tensor-parallel run (its
+    shapes, the partials and REDUCE; no group is joined)."""
     from megakernel import backends
     from megakernel.model import Qwen3Model
     from megakernel.runtime import MegaQwen3
     from models.qwen3.weights import Qwen3Weights, shapes_for
 
-    cfg = shapes_for(model_name)
+    from models.qwen3.tp import check_tp_fp8, shard_config
+    if quantize and tp > 1:
+        check_tp_fp8(shapes_for(model_name), tp)
+    cfg = shard_config(shapes_for(model_name), tp)
     model = Qwen3Model(model_name, cfg, Qwen3Weights.empty(cfg, dtype, "meta", quantize), None, None)
     mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=batch, backend="reference")
+    mk.tp = tp      # the backends plan a rank's tape from it; the REDUCE buffers stay meta tensors
     calls = []
     for mode in ("megakernel", "superkernel"):
         be = backends.PersistentBackend(mk, mode=mode, num_workers=workers, **options)
         if be.tape.sm_mates and workers % 2 == 0:
             be.sm_pairs = workers // 2      # as a GPU of workers / 2 SMs runs it (kernel._paired_row)
         calls.append((be.kernel, be.launch_args()))
-    calls += [(fn, kwargs) for fn, _, kwargs in backends.PerOpBackend(mk, num_workers=workers, **options).seq]
+    calls += [(fn, kwargs) for fn, grid, kwargs in backends.PerOpBackend(mk, num_workers=workers, **options).seq
+              if grid is not None]      # (not the host steps: the REDUCE's all-reduce)
     return calls
 
 
 def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=90, dtype_name="bfloat16",
-                quantize=None, **options):
+                tp: int = 1, quantize=None, **options):
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -74,7 +81,7 @@ def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=
 
     target = GPUTarget("cuda", arch, 32)
     seen, report = set(), []
-    for fn, kwargs in record_launches(model_name, workers, batch, max_seq_len, getattr(torch, dtype_name),
+    for fn, kwargs in record_launches(model_name, workers, batch, max_seq_len, getattr(torch, dtype_name), tp,
                                       quantize, **options):
         opts = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
         params = kernel_params(fn)
@@ -159,6 +166,8 @@ def build_parser():
                     help="override a tile-plan field, e.g. --set R_GU=16 (repeatable)")
     ap.add_argument("--option", action="append", default=[], metavar="NAME=N",
                     help="a backend option, e.g. --option workers_per_sm=1 (repeatable)")
+    ap.add_argument("--tp", type=int, choices=(1, 2, 4, 8), default=1,
+                    help="compile a rank's kernels of a tensor-parallel run of this degree")
     ap.add_argument("--json", action="store_true", help="print the report as JSON on the last stdout line")
     ap.add_argument("--verbose", action="store_true", help="print each failed compile's whole error chain")
     return ap
@@ -173,8 +182,14 @@ def check_args(args):
     from models.qwen3.weights import shapes_for
     from scheduler.ops import Plan
 
+    from models.qwen3.tp import check_tp, check_tp_fp8
+
     from .cli import UsageError
-    shapes_for(args.model)
+    cfg = shapes_for(args.model)
+    try:
+        (check_tp_fp8 if args.quantize else check_tp)(cfg, args.tp)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     args.overrides = _assignments(args.set, "--set")
     fields = {f.name for f in dataclasses.fields(Plan)}
     bad = sorted(set(args.overrides) - fields)
@@ -202,9 +217,8 @@ def main(argv=None):
         os.environ.setdefault("DEVICE", "cuda")
         check_args(args)
         report = compile_all(args.model, args.workers, args.batch_size, args.max_seq_len, args.arch,
-                             dtype_name=args.dtype, quantize=args.quantize, num_warps=args.num_warps,
-                             plan_overrides=args.overrides,
-                             **args.options)
+                             dtype_name=args.dtype, tp=args.tp, quantize=args.quantize, num_warps=args.num_warps,
+                             plan_overrides=args.overrides, **args.options)
         for r in report:
             if r["ok"]:
                 print(f"{r['kernel']:<16} ok    warps {r['num_warps']}  shared {r['shared']}  regs {r['n_regs']}  "

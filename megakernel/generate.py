@@ -28,6 +28,7 @@ from models.qwen3.tokenizer import stop_token_ids
 
 from . import cli
 from . import device as devices
+from . import tp as tp_mod
 from .cli import UsageError
 from .model import DTYPES, check_memory, locate_model, resolve_dtype
 from .runtime import BACKENDS, MegaQwen3
@@ -106,6 +107,9 @@ def build_parser() -> cli.Parser:
                         "checkpoint is FP8 without it")
     g.add_argument("--max-seq-len", type=cli.at_least(2), default=None,
                    help="KV-cache positions per sequence (default: the longest prompt + --max-new-tokens)")
+    g.add_argument("--tp", type=tp_mod.parse_tp, default=1,
+                   help="tensor parallel degree: the model split over this many GPUs, one process each (started "
+                        "here, or by torchrun); rank 0 prints")
     g.add_argument("--plan", choices=("auto", "rules", "tuned"), default="auto",
                    help="the kernels' tile plan: tuned (from python -m megakernel.tune's cache), rules, or auto "
                         "(tuned where cached for this device, model, batch and max_seq_len, else rules)")
@@ -279,6 +283,15 @@ def run(args) -> dict:
     source = locate_model(args.model, random_weights=args.random_weights)
     cfg = source.config
     prompts = prompt_ids(args, source)
+    quantize = args.quantize or source.quantization
+    if args.tp > 1:
+        if backend == "cuda-graph" and dev.type != "cuda":
+            raise UsageError("--backend cuda-graph needs a CUDA GPU")
+        # one process per rank, each running this command from here (tp.start)
+        status, dev = tp_mod.start(args.tp, dev, cfg, "megakernel.generate:main", args.argv, quantize)
+        if status is not None:
+            args.tp_status = status
+            return {}
     B, n = len(prompts), args.max_new_tokens
     longest = max(map(len, prompts))
     max_seq_len = args.max_seq_len if args.max_seq_len is not None else longest + n
@@ -290,26 +303,33 @@ def run(args) -> dict:
     if max_seq_len > cfg.max_position_embeddings:
         print(f"warning: --max-seq-len {max_seq_len} is past {source.name}'s max_position_embeddings "
               f"({cfg.max_position_embeddings}): it was not trained on positions that far", file=sys.stderr)
-    kv = cfg.kv_bytes_per_position(dtype.itemsize) * B * max_seq_len
-    quantize = args.quantize or source.quantization
+    from models.qwen3.tp import shard_config
+    from models.qwen3.weights import weight_bytes
+    here = shard_config(cfg, args.tp)       # this rank's shapes (the whole model at --tp 1)
+    kv = here.kv_bytes_per_position(dtype.itemsize) * B * max_seq_len
     if quantize:
         devices.check_fp8(dev)      # an FP8 checkpoint on a device that cannot read it
     fp8 = " with FP8 projections" if quantize else ""
-    check_memory(dev, source.weight_bytes(dtype, quantize) + kv,
-                 f"{source.name} in {str(dtype).removeprefix('torch.')}{fp8} with a KV cache of {B} x {max_seq_len}")
+    share = f" (a rank's share of --tp {args.tp})" if args.tp > 1 else ""
+    check_memory(dev, weight_bytes(here, dtype, quantize) + kv,
+                 f"{source.name} in {str(dtype).removeprefix('torch.')}{fp8} with a KV cache of {B} x {max_seq_len}"
+                 f"{share}")
 
     from . import plans
-    plans.choose(args.plan, dev, cfg, dtype, B, max_seq_len, backend, args.model)    # a missing tuned plan: now
+    # a missing tuned plan: now, before the load
+    plans.choose(args.plan, dev, here, dtype, B, max_seq_len, backend, args.model, tp=args.tp)
     t0 = time.perf_counter()
-    model = source.load(dev, dtype, progress=sys.stderr.isatty(), quantize=args.quantize)
+    rank = tp_mod.current().rank if args.tp > 1 else 0
+    model = source.load(dev, dtype, progress=sys.stderr.isatty(), quantize=args.quantize, tp=args.tp, rank=rank)
     print(f"Loaded {args.model}: {cfg.num_parameters() / 1e6:,.1f} M parameters, {model.dtype}{fp8}, {dev}, "
           f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=B, backend=backend, plan=args.plan)
     mode = {"megakernel": "persistent kernel, counter waits", "superkernel": "persistent kernel, grid barriers",
             "per-op": "phase launches, one per stage"}.get(backend)
     lengths = f"{longest} tokens" if B == 1 else f"{B} prompts of {min(map(len, prompts))}-{longest} tokens"
+    tp_note = f"; tensor parallel over {args.tp} ranks" if args.tp > 1 else ""
     print(f"Backend {backend}{f' ({mode})' if mode else ''}; plan: {mk.plan_choice.label}; prompt {lengths}; "
-          f"max_seq_len {max_seq_len}", file=sys.stderr)
+          f"max_seq_len {max_seq_len}{tp_note}", file=sys.stderr)
     stops = set(stop_token_ids(model.checkpoint, cfg))
     seqs = [_Sequence(i, model.tokenizer, p, not args.chat, stops, n) for i, p in enumerate(prompts)]
     out = _Output(seqs, args.json)
@@ -318,7 +338,7 @@ def run(args) -> dict:
     mk.generate(prompts, max_new_tokens=n, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                 seed=args.seed, stop_tokens=sorted(stops), on_token=out)
     out.end()
-    summary = {"model": args.model, "backend": backend, "device": str(dev),
+    summary = {"model": args.model, "backend": backend, "device": str(dev), "tp": args.tp,
                "dtype": str(model.dtype).removeprefix("torch."), "quantization": model.quantization,
                "random_weights": model.random_weights,
                "batch_size": B, "max_seq_len": max_seq_len, **mk.plan_choice.record(),
@@ -358,7 +378,10 @@ def main(argv=None) -> int:
 
     def body() -> int:
         state["args"] = args = parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)
         summary = run(args)
+        if getattr(args, "tp_status", None) is not None:    # the ranks' processes ran it
+            return args.tp_status
         if args.json:
             print(json.dumps(summary))
         return 0

@@ -50,6 +50,9 @@ gateup_tile = DEVICE_KINDS[Op.GATEUP].tile
 down_tile = DEVICE_KINDS[Op.DOWN].tile
 lmhead_tile = DEVICE_KINDS[Op.LMHEAD].tile
 argmax_tile = DEVICE_KINDS[Op.ARGMAX].tile
+opart_tile = DEVICE_KINDS[Op.OPART].tile
+dpart_tile = DEVICE_KINDS[Op.DPART].tile
+reduce_tile = DEVICE_KINDS[Op.REDUCE].tile
 OP_EMBED: tl.constexpr = tl.constexpr(int(Op.EMBED))
 OP_QKV: tl.constexpr = tl.constexpr(int(Op.QKV))
 OP_ATTN: tl.constexpr = tl.constexpr(int(Op.ATTN))
@@ -58,6 +61,9 @@ OP_GATEUP: tl.constexpr = tl.constexpr(int(Op.GATEUP))
 OP_DOWN: tl.constexpr = tl.constexpr(int(Op.DOWN))
 OP_LMHEAD: tl.constexpr = tl.constexpr(int(Op.LMHEAD))
 OP_ARGMAX: tl.constexpr = tl.constexpr(int(Op.ARGMAX))
+OP_OPART: tl.constexpr = tl.constexpr(int(Op.OPART))
+OP_DPART: tl.constexpr = tl.constexpr(int(Op.DPART))
+OP_REDUCE: tl.constexpr = tl.constexpr(int(Op.REDUCE))
 OP_BARRIER: tl.constexpr = tl.constexpr(int(Op.BARRIER))
 WORDS: tl.constexpr = tl.constexpr(TAPE_WORDS)
 POOL_SHIFT: tl.constexpr = tl.constexpr(TAPE_POOL_SHIFT)
@@ -115,7 +121,7 @@ def _paired_row(pid, pairs_ptr, err_ptr, NSM: tl.constexpr, SPIN: tl.constexpr):
 @triton.jit(do_not_specialize=["steps"])     # one binary for any number of steps per launch
 def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_ptr,
                tokens_ptr, lengths_ptr, x_ptr, qkv_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, act_ptr, logits_ptr,
-               amax_ptr, inv_freq_ptr, pairs_ptr,
+               amax_ptr, inv_freq_ptr, pairs_ptr, part_ptr, peers_ptr, flags_ptr,
                embed_ptr, lm_head_ptr, final_norm_ptr, input_norm_ptr, post_norm_ptr, q_norm_ptr, k_norm_ptr,
                wqkv_ptr, wo_ptr, wgate_up_ptr, wdown_ptr, wqkv_scale_ptr, wo_scale_ptr, wgate_up_scale_ptr,
                wdown_scale_ptr, k_cache_ptr, v_cache_ptr, eps, max_len, hist_ptr, steps,
@@ -127,7 +133,8 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
                NSPLIT_PAD: tl.constexpr, KV_STAGES: tl.constexpr, ATTN_NEW: tl.constexpr, BATCHED: tl.constexpr,
                POOL_O: tl.constexpr, POOL_GU: tl.constexpr, POOL_DOWN: tl.constexpr, POOL_LM: tl.constexpr,
-               FP8: tl.constexpr, SPIN: tl.constexpr, TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr, SM_PAIRS: tl.constexpr):
+               TP: tl.constexpr, R_AR: tl.constexpr, FP8: tl.constexpr, SPIN: tl.constexpr, TRACE: tl.constexpr,
+               PREFETCH_TAPE: tl.constexpr, SM_PAIRS: tl.constexpr):
     # the tiles read the weights' format from their pointers; the plan's byte costs assumed this one
     tl.static_assert((wqkv_ptr.dtype.element_ty == tl.float8e4nv) == (FP8 == 1), "the plan's FP8 is not the weights'")
     pid = tl.program_id(0)
@@ -208,6 +215,18 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
             elif op == OP_ARGMAX:
                 seen = argmax_tile(t0, t1, amax_ptr, tokens_ptr, lengths_ptr, hist_ptr, s, steps, cnt, target, B,
                                    True, SPIN)
+            elif op == OP_OPART:
+                seen = opart_tile(t0, t1, layer, 2 * layer, attn_ptr, wo_ptr, wo_scale_ptr, part_ptr, cnt, target, B, H,
+                                  HQ * D, R_O, BK_Q, SCALE_ROWS, True, SPIN, BATCHED, tr, TRACE, POOL_O, claims,
+                                  claims_base)
+            elif op == OP_DPART:
+                seen = dpart_tile(t0, t1, layer, 2 * layer + 1, act_ptr, wdown_ptr, wdown_scale_ptr, part_ptr, cnt,
+                                  target, B, H, I, R_DOWN, BK_I, SCALE_ROWS, True, SPIN, BATCHED, tr, TRACE, POOL_DOWN,
+                                  claims, claims_base)
+            elif op == OP_REDUCE:
+                # (layer: the partial's slot)
+                seen = reduce_tile(t0, t1, layer, part_ptr, x_ptr, peers_ptr, flags_ptr, cnt, target, epoch + 1,
+                                   B, H, R_AR, TP, True, SPIN)
             elif op == OP_EMBED:
                 embed_tile(t0, t1, tokens_ptr, embed_ptr, x_ptr, H, BK_H)
             elif op == OP_BARRIER:

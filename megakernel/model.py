@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from models.qwen3.config import Qwen3Config
+from models.qwen3.tp import TPShard, check_tp_fp8
 from models.qwen3.weights import Qwen3Weights, cache_label, check_checkpoint, check_host_memory, check_quantize, \
     fp8_block, load_checkpoint, load_random, resolve_checkpoint, shapes_for, weight_bytes
 
@@ -38,6 +39,11 @@ class Qwen3Model:
     weights: Qwen3Weights
     checkpoint: Path | None     # None for random weights
     tokenizer: object | None    # models.qwen3.tokenizer.Tokenizer, or None where none is known
+    shard: TPShard | None = None    # tensor parallelism: config and weights are this rank's share
+
+    @property
+    def tp(self) -> int:
+        return self.shard.tp if self.shard else 1
 
     @property
     def random_weights(self) -> bool:
@@ -86,29 +92,36 @@ class ModelSource:
         return weight_bytes(self.config, dtype, quantize or self.quantization)
 
     def load(self, device=None, dtype=None, seed: int = 0, progress: bool = True,
-             quantize: str | None = None) -> Qwen3Model:
+             quantize: str | None = None, tp: int = 1, rank: int = 0) -> Qwen3Model:
         """The weights on ``device`` in ``dtype`` (default: bf16 on an accelerator, float32 on
         the CPU), after checking that they fit there; with ``quantize="fp8"`` the projections in
-        block FP8 (as an FP8 checkpoint's already are)."""
+        block FP8 (as an FP8 checkpoint's already are). ``tp`` > 1: only rank ``rank``'s share of
+        them (``models.qwen3.tp``), and the model's config is that rank's."""
+        shard = TPShard(self.config, tp, rank) if tp > 1 else None
+        cfg_here = shard.config if shard else self.config
         dev = devices.resolve(device)
         dtype = resolve_dtype(dtype, dev)
         quantize = check_quantize(quantize) or self.quantization
         if quantize:
             devices.check_fp8(dev)
+            if shard:
+                check_tp_fp8(self.config, tp)
         if dev.type == "cpu" and dtype != torch.float32:
             print(f"note: {dtype} on the CPU runs the reference in {dtype}; the interpreter's kernels need "
                   f"float32", file=sys.stderr)
-        what = f"{self.name}'s weights in {str(dtype).removeprefix('torch.')}{' with FP8 projections' if quantize else ''}"
-        check_memory(dev, self.weight_bytes(dtype, quantize), what)
+        what = f"{self.name}'s weights in {str(dtype).removeprefix('torch.')}"
+        what += (" with FP8 projections" if quantize else "") + (f" ({shard.describe()})" if shard else "")
+        check_memory(dev, weight_bytes(cfg_here, dtype, quantize), what)
         if self.checkpoint is not None:
             cfg, w = load_checkpoint(self.checkpoint, dtype=dtype, device=dev, cfg=self.config, progress=progress,
-                                     quantize=quantize)
+                                     quantize=quantize, shard=shard)
         else:
-            print(f"note: {self.name}: deterministic random weights (seed {seed}) of the true shapes, as asked; "
-                  f"outputs are meaningless", file=sys.stderr)
-            cfg, w = self.config, load_random(self.config, seed, dtype, dev, label=cache_label(self.name),
-                                              progress=progress, quantize=quantize)
-        return Qwen3Model(self.name, cfg, w, self.checkpoint, self.tokenizer)
+            if rank == 0:
+                print(f"note: {self.name}: deterministic random weights (seed {seed}) of the true shapes, as asked; "
+                      f"outputs are meaningless", file=sys.stderr)
+            cfg, w = cfg_here, load_random(self.config, seed, dtype, dev, label=cache_label(self.name),
+                                           progress=progress, quantize=quantize, shard=shard)
+        return Qwen3Model(self.name, cfg, w, self.checkpoint, self.tokenizer, shard)
 
 
 def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
@@ -142,7 +155,8 @@ def locate_model(name: str, random_weights: bool = False, allow_download: bool =
 
 
 def load_model(name: str, random_weights: bool = False, seed: int = 0, device=None, dtype=None,
-               progress: bool = True, allow_download: bool = True, quantize: str | None = None) -> Qwen3Model:
+               progress: bool = True, allow_download: bool = True, quantize: str | None = None, tp: int = 1,
+               rank: int = 0) -> Qwen3Model:
     """Load ``name``: a size alias (0.6b 1.7b 4b 8b 14b 32b), a Hugging Face repo id, or a local
     checkpoint folder. The folder, else the local Hugging Face cache, else a download where
     ``allow_download`` and the network allow; where none has it, CheckpointError (a ValueError)
@@ -152,9 +166,10 @@ def load_model(name: str, random_weights: bool = False, seed: int = 0, device=No
     name (default bf16 on an accelerator, float32 on the CPU). ``quantize="fp8"``: the linear
     projections in block FP8 (Qwen's -FP8 format, which an FP8 checkpoint loads in anyway), read by
     the kernels' FP8 tiles; embeddings, norms and the LM head stay in ``dtype``. MemoryError,
-    before anything is allocated, where the weights do not fit the device."""
+    before anything is allocated, where the weights do not fit the device. ``tp`` > 1 loads rank
+    ``rank``'s share of a tensor-parallel run (``models.qwen3.tp``; ``megakernel.tp`` runs the ranks)."""
     dev = devices.resolve(device)
     dtype = resolve_dtype(dtype, dev)
     check_quantize(quantize)
     return locate_model(name, random_weights, allow_download).load(dev, dtype, seed=seed, progress=progress,
-                                                                   quantize=quantize)
+                                                                   quantize=quantize, tp=tp, rank=rank)

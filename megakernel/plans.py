@@ -3,11 +3,11 @@
 The cache is one JSON file, ``plans.json`` in ``$MEGAKERNEL_CACHE_DIR``, else the cache folder the
 random weights use (``$MEGAKERNEL_CACHE``, else ``$XDG_CACHE_HOME/megakernel``, else
 ``~/.cache/megakernel``). An entry is keyed by the device's name, Triton's version, the model's
-shapes, the dtype, the batch size and the context bucket (max_seq_len rounded up to a power of
-two); an entry made on another device or with another Triton is never used. It holds the plan's
-fields that differ from the rules' plan (``scheduler.ops.make_plan``) at that worker count, the
-tape placement strategy and the workers per SM, and says when it was tuned and what the rules'
-plan and the tuned one measured.
+shapes, the dtype, the batch size, the context bucket (max_seq_len rounded up to a power of
+two) and the tensor parallel degree; an entry made on another device or with another Triton is
+never used. It holds the plan's fields that differ from the rules' plan (``scheduler.ops.make_plan``)
+at that worker count, the tape placement strategy and the workers per SM, and says when it was
+tuned and what the rules' plan and the tuned one measured.
 
 A run's plan is ``auto`` (the tuned one where the cache has it, else the rules'), ``rules`` or
 ``tuned`` (an error where the cache has none). Every kernel backend of a ``MegaQwen3`` gets the same
@@ -79,19 +79,22 @@ class Key:
     dtype: str
     batch: int
     context: int        # max_seq_len rounded up to a power of two
+    # tensor parallel degree: ``shape`` is then one rank's, and the tape has REDUCE stages (a
+    # rank's plan is not a one-GPU plan of the same shapes); entries written without it are TP 1
+    tp: int = 1
 
     @classmethod
-    def of(cls, device, cfg, dtype, batch: int, max_seq_len: int) -> "Key":
+    def of(cls, device, cfg, dtype, batch: int, max_seq_len: int, tp: int = 1) -> "Key":
         return cls(device_name(device), triton_version(), shape_name(cfg), dtype_name(dtype), int(batch),
-                   context_bucket(max_seq_len))
+                   context_bucket(max_seq_len), int(tp))
 
     def id(self) -> str:
         return (f"{self.device} | triton {self.triton} | {self.shape} | {self.dtype} | batch {self.batch} | "
-                f"context {self.context}")
+                f"context {self.context} | tp {self.tp}")
 
     def describe(self) -> str:
-        return (f"{self.shape} {self.dtype} at batch {self.batch}, max_seq_len up to {self.context}, on "
-                f"{self.device} with Triton {self.triton}")
+        return (f"{self.shape} {self.dtype} at batch {self.batch}, max_seq_len up to {self.context}"
+                f"{f', tensor parallel {self.tp}' if self.tp > 1 else ''}, on {self.device} with Triton {self.triton}")
 
 
 @dataclass
@@ -237,17 +240,21 @@ def tune_command(key: Key, model: str = "MODEL") -> str:
 
 
 def choose(choice: str, device, cfg, dtype, batch: int, max_seq_len: int, backend: str = "megakernel",
-           model: str = "MODEL", path: Path | None = None) -> Choice:
+           model: str = "MODEL", path: Path | None = None, tp: int = 1) -> Choice:
     """The plan for a run: ``auto`` the tuned one where cached, else the rules'; ``rules``;
-    ``tuned``, where a missing entry is a ValueError that says how to make one."""
+    ``tuned``, where a missing entry is a ValueError that says how to make one. ``tp`` > 1:
+    ``cfg`` is one rank's shapes, and only an entry of that degree is used."""
     if choice not in CHOICES:
         raise ValueError(f"unknown plan {choice!r}: choose one of {', '.join(CHOICES)}")
     if backend not in PLANNED_BACKENDS:
         return Choice(None)
     if choice == "rules":
         return Choice("rules")
-    key = Key.of(device, cfg, dtype, batch, max_seq_len)
+    key = Key.of(device, cfg, dtype, batch, max_seq_len, tp)
     entry = lookup(key, path)
+    if entry is None and choice == "tuned" and tp > 1:
+        raise ValueError(f"no tuned plan for {key.describe()} in {path or cache_path()}: the tuner measures one "
+                         f"GPU (it has no --tp), so use --plan rules")
     if entry is None and choice == "tuned":
         raise ValueError(f"no tuned plan for {key.describe()} in {path or cache_path()}: make one with "
                          f"`{tune_command(key, model)}`, or use --plan rules")

@@ -4,8 +4,9 @@ headline table and the plots (``python -m bench.render``).
 
 Every row carries the run it came from (``run``, ``time``, ``command``, ``device``, ``versions``,
 ``git_commit``, ``git_dirty``), the setting (``model``, ``weights``, ``dtype``, ``quantization``
-(``fp8``: block-FP8 projections; absent or null: none), ``batch_size``, ``prompt_len``,
-``new_tokens``, ``max_seq_len``) and the measurements (``ms_per_step``: the median
+(``fp8``: block-FP8 projections; absent or null: none), ``tp``: the GPUs the model is split over,
+absent from rows recorded before tensor parallelism, which ran on one; ``batch_size``,
+``prompt_len``, ``new_tokens``, ``max_seq_len``) and the measurements (``ms_per_step``: the median
 decode step of the whole batch; ``prefill_ms``; ``pct_of_floor``; ...; ``error`` where the backend
 failed), and the plan its kernels ran (``plan``: ``rules`` or ``tuned``, None for a backend that runs
 no tape and in rows from before the tuner; ``plan_tuned_at``; ``plan_fields``, what the tuned plan
@@ -24,7 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_FIELDS = ("run", "time", "command", "device", "versions", "git_commit", "git_dirty", "model", "weights",
-              "dtype", "quantization", "copy_gbps", "prompt_seed")
+              "dtype", "quantization", "copy_gbps", "prompt_seed", "tp")
 CONFIG_FIELDS = ("batch_size", "prompt_len", "new_tokens", "max_seq_len")
 MEASURE_FIELDS = ("backend", "implementation", "ms_per_step", "ms_per_step_p10", "ms_per_step_p90", "tokens_per_s",
                   "ratio_to_batch1", "prefill_ms", "prompt_tokens_per_s", "ttft_ms", "floor_ms", "pct_of_floor",
@@ -146,12 +147,17 @@ def headline(rows: list[dict], include_cpu: bool = False) -> list[dict]:
     for r in rows:
         if r.get("ms_per_step") is None or r.get("error") or (_is_cpu(r) and not include_cpu):
             continue
-        key = (r["device"], r["model"], precision(r), r["batch_size"], column(r))
+        key = (r["device"], r["model"], precision(r), r["batch_size"], _tp(r), column(r))
         old = best.get(key)
         if old is None or (r["time"], -r["prompt_len"]) > (old["time"], -old["prompt_len"]):
             best[key] = r
-    return sorted(best.values(), key=lambda r: (r["device"], r["model"], precision(r), r["batch_size"],
+    return sorted(best.values(), key=lambda r: (r["device"], r["model"], precision(r), r["batch_size"], _tp(r),
                                                 _backend_rank(column(r))))
+
+
+def _tp(row) -> int:
+    """A row's tensor parallel degree (rows recorded before TP existed ran on one GPU)."""
+    return row.get("tp") or 1
 
 
 def _backend_rank(name: str) -> tuple:
@@ -176,20 +182,21 @@ def headline_markdown(rows: list[dict], include_cpu: bool = False) -> str:
     backends = sorted({column(r) for r in picked}, key=_backend_rank)
     groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in picked:
-        groups[(r["device"], r["model"], precision(r), r["batch_size"])][column(r)] = r
+        groups[(r["device"], r["model"], precision(r), r["batch_size"], _tp(r))][column(r)] = r
+    show_tp = any(k[4] > 1 for k in groups)     # the tp column only where a row is tensor parallel
     tuned = "megakernel tuned" in backends
-    head = ["device", "model", "dtype", "batch", "prompt + new", "floor ms"] + \
+    head = ["device", "model", "dtype", "batch"] + (["tp"] if show_tp else []) + ["prompt + new", "floor ms"] + \
         [f"{b} ms/step" for b in backends] + ["megakernel % of floor"] + \
         (["megakernel tuned % of floor"] if tuned else []) + ["runs"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for key in sorted(groups, key=lambda k: (k[0], _model_key(k[1]), k[2], k[3])):
+    for key in sorted(groups, key=lambda k: (k[0], _model_key(k[1]), k[2], k[3], k[4])):
         cells = groups[key]
         mk = cells.get("megakernel")
         ref = mk or next(iter(cells.values()))
         runs = sorted({f"{r['time'][:10]} {str(r.get('git_commit') or '?')[:7]}{'+' if r.get('git_dirty') else ''}"
                        for r in cells.values()})
-        row = [str(key[0]), str(key[1]), str(key[2]), str(key[3]), f"{ref['prompt_len']} + {ref['new_tokens']}",
-               _fmt(ref.get("floor_ms"))]
+        row = [str(key[0]), str(key[1]), str(key[2]), str(key[3])] + ([str(key[4])] if show_tp else []) + \
+            [f"{ref['prompt_len']} + {ref['new_tokens']}", _fmt(ref.get("floor_ms"))]
         row += [_fmt(cells[b]["ms_per_step"]) if b in cells else "-" for b in backends]
         row += [_fmt(mk.get("pct_of_floor"), 1) if mk else "-"]
         if tuned:
@@ -198,10 +205,11 @@ def headline_markdown(rows: list[dict], include_cpu: bool = False) -> str:
         row += [", ".join(runs)]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
-    lines.append("ms/step: median time of one decode step of the whole batch (lower is better); `+` after a "
-                 "commit: the run had uncommitted code changes" + ("; tuned: the plan `python -m megakernel.tune` "
-                 "chose on that GPU, the others the rules' plan" if tuned else "") +
-                 ". Every row: `bench/results.jsonl`.")
+    tp_note = "; tp: GPUs the model is split over (the floor is one GPU's share)" if show_tp else ""
+    lines.append("ms/step: median time of one decode step of the whole batch (lower is better)" + tp_note +
+                 "; `+` after a commit: the run had uncommitted code changes" +
+                 ("; tuned: the plan `python -m megakernel.tune` chose on that GPU, the others the rules' plan"
+                  if tuned else "") + ". Every row: `bench/results.jsonl`.")
     return "\n".join(lines)
 
 

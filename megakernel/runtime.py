@@ -23,7 +23,7 @@ BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph", "reference", "v
 class ReferenceBackend:
     """The torch model, one op at a time (the oracle; also the ``reference`` baseline)."""
 
-    def __init__(self, mk: "MegaQwen3"):
+    def __init__(self, mk: "MegaQwen3", **_):
         self.mk = mk
 
     def decode(self):
@@ -89,6 +89,21 @@ class MegaQwen3:
         if not 1 <= batch_size:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.model, self.config, self.weights = model, model.config, model.weights
+        # tensor parallelism: the model is this rank's share (models/qwen3/tp.py), and the ranks
+        # add their partial sums after O and down (megakernel/tp.py)
+        self.tp = getattr(model, "tp", 1)
+        self.tp_group = None
+        self._reduce = None
+        if self.tp > 1:
+            from . import tp as tp_mod
+            self.tp_group = tp_mod.current()
+            if self.tp_group is None or self.tp_group.tp != self.tp:
+                raise RuntimeError(f"a model loaded for --tp {self.tp} needs its group: megakernel.tp.init({self.tp}) "
+                                   f"in each of {self.tp} processes (torchrun, or megakernel.tp.launch)")
+            if model.shard.rank != self.tp_group.rank:
+                raise ValueError(f"the model is rank {model.shard.rank}'s share, this process is rank "
+                                 f"{self.tp_group.rank}")
+            self._reduce = self.tp_group.all_reduce
         self.backend_name = backend
         self.max_seq_len, self.batch_size = max_seq_len, batch_size
         dev, dt = self.weights.device, self.weights.dtype
@@ -98,16 +113,21 @@ class MegaQwen3:
         self.cache = KVCache.allocate(self.config, batch_size, max_seq_len, dt, dev)
         self.tokens = torch.zeros(batch_size, dtype=torch.int32, device=dev)      # pending input tokens
         self.logits = torch.zeros(batch_size, self.config.vocab_size, dtype=torch.float32, device=dev)
-        self.reference = Qwen3Reference(self.config, self.weights, self.cache)
+        self.reference = Qwen3Reference(self.config, self.weights, self.cache, reduce=self._reduce)
         self.sampling = SamplingParams()
         self._generator: torch.Generator | None = None
         self._lengths = [0] * batch_size    # host mirror of cache.lengths: bounds checks need no sync
         self.finish_reasons: list[str | None] = [None] * batch_size   # of the last generate()
         self.num_generated: list[int] = [0] * batch_size
+        if self.tp > 1 and backend in ("megakernel", "superkernel"):
+            # the REDUCE instructions read every rank's partials and flags (symmetric memory)
+            c = self.config
+            self.tp_buffers = self.tp_group.buffers(c.num_hidden_layers, batch_size, c.hidden_size)
         # the plan the kernel backends run: a tuned one from the plan cache (megakernel.tune) or
         # the rules'; options given here win over the tuned ones
         from . import plans
-        self.plan_choice = plans.choose(plan, dev, self.config, dt, batch_size, max_seq_len, backend, model.name)
+        self.plan_choice = plans.choose(plan, dev, self.config, dt, batch_size, max_seq_len, backend, model.name,
+                                        tp=self.tp)
         options = {**self.plan_choice.options(), **backend_options}
         if self.plan_choice.entry is not None and backend_options.get("plan_overrides"):
             options["plan_overrides"] = {**self.plan_choice.entry.fields, **backend_options["plan_overrides"]}
@@ -139,7 +159,7 @@ class MegaQwen3:
         self._generator = None
         if seed is not None and not sampling.greedy:
             self._generator = torch.Generator(device=self.tokens.device).manual_seed(seed)
-        self.logits.copy_(qwen3_prefill.prefill(self.config, self.weights, self.cache, prompts))
+        self.logits.copy_(qwen3_prefill.prefill(self.config, self.weights, self.cache, prompts, reduce=self._reduce))
         self._lengths = [p.numel() for p in prompts]
         self.tokens.copy_(sample(self.logits, self.sampling, self._generator))
         return self.tokens.long()
@@ -176,11 +196,21 @@ class MegaQwen3:
         one ``prefill`` or the last step chose) goes in, and the token after it comes out; returns
         those new tokens, LongTensor [B] (also left in ``tokens`` for the next step)."""
         self._check_room(1)
-        self.backend.decode()
+        self._decode()
         self._lengths = [n + 1 for n in self._lengths]
         if not self.sampling.greedy:
             self.tokens.copy_(sample(self.logits, self.sampling, self._generator))
         return self.tokens.long()
+
+    def _decode(self, *steps):
+        """The backend's decode; with tensor parallelism a failure here stops every rank first
+        (``megakernel.tp``), so that none waits on this one."""
+        try:
+            self.backend.decode(*steps)
+        except BaseException:
+            if self.tp_group is not None:
+                self.tp_group.abort()
+            raise
 
     @property
     def steps_per_launch(self) -> int:
@@ -204,7 +234,7 @@ class MegaQwen3:
             if k == 1:
                 out.append(self.step()[:, None])
             else:
-                self.backend.decode(k)
+                self._decode(k)
                 self._lengths = [m + k for m in self._lengths]
                 out.append(self.backend.st.hist[:k].T.long())    # a copy: the next launch rewrites hist
             n -= k
@@ -285,7 +315,7 @@ class MegaQwen3:
         its memory), so the other slots are untouched."""
         c = self.cache
         one = KVCache(k=c.k[:, b:b + 1], v=c.v[:, b:b + 1], lengths=c.lengths[b:b + 1])
-        return qwen3_prefill.prefill(self.config, self.weights, one, [ids])[0]
+        return qwen3_prefill.prefill(self.config, self.weights, one, [ids], reduce=self._reduce)[0]
 
     @torch.no_grad()
     def prefill_slot(self, b: int, input_ids) -> torch.Tensor:
@@ -331,7 +361,7 @@ class MegaQwen3:
         if full:
             raise ValueError(f"slot {full[0]} is at {self._lengths[full[0]]} of max_seq_len {self.max_seq_len}: "
                              f"no room for another step")
-        self.backend.decode()
+        self._decode()
         check = getattr(self.backend, "synchronize", None)
         if check is not None:
             check()

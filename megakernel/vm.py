@@ -35,7 +35,7 @@ class VMBackend:
                  check: bool = True, plan_overrides: dict | None = None, **_):
         self.mk = mk
         workers = num_workers or 1
-        plan = replace(make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers,
+        plan = replace(make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, tp=getattr(mk, "tp", 1),
                                  fp8=mk.weights.quantization == "fp8"), **(plan_overrides or {}))
         self.tape: Tape = build_tape(plan, workers, strategy=strategy, mode=mode)
         self.plan = self.tape.plan      # a superkernel tape's is without pools

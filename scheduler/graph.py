@@ -74,10 +74,23 @@ def build_stages(plan: Plan) -> list[Stage]:
                 waits.append((Op.QKV, l, g))
         stages.append(Stage(Op.ATTN, l, segs, waits))
         # a stage's pool (its last tiles, ops module doc) belongs to no instruction
-        for op, dep in ((Op.OPROJ, (Op.ATTN, l, 0)), (Op.GATEUP, (Op.OPROJ, l, 0)),
-                        (Op.DOWN, (Op.GATEUP, l, 0))):
-            stages.append(Stage(op, l, [Segment(0, p.tiles(op) - p.pool(op), (op, l, 0))], [dep]))
-        prev = (Op.DOWN, l, 0)
+        if p.TP == 1:
+            for op, dep in ((Op.OPROJ, (Op.ATTN, l, 0)), (Op.GATEUP, (Op.OPROJ, l, 0)),
+                            (Op.DOWN, (Op.GATEUP, l, 0))):
+                stages.append(Stage(op, l, [Segment(0, p.tiles(op) - p.pool(op), (op, l, 0))], [dep]))
+            prev = (Op.DOWN, l, 0)
+            continue
+        # tensor parallel: O and down write this rank's partial sums, each followed by a REDUCE of
+        # every rank's into x (its layer word the partial's slot: 2 l, 2 l + 1)
+        n_red = p.tiles(Op.REDUCE)
+        for op, dep in ((Op.OPART, (Op.ATTN, l, 0)), (Op.REDUCE, (Op.OPART, l, 0)),
+                        (Op.GATEUP, (Op.REDUCE, 2 * l, 0)), (Op.DPART, (Op.GATEUP, l, 0)),
+                        (Op.REDUCE, (Op.DPART, l, 0))):
+            slot = 2 * l + (op == Op.REDUCE and dep[0] == Op.DPART)
+            at = slot if op == Op.REDUCE else l
+            n = n_red if op == Op.REDUCE else p.tiles(op) - p.pool(op)
+            stages.append(Stage(op, at, [Segment(0, n, (op, at, 0))], [dep]))
+        prev = (Op.REDUCE, 2 * l + 1, 0)
     stages.append(Stage(Op.LMHEAD, 0, [Segment(0, p.tiles(Op.LMHEAD) - p.POOL_LM, (Op.LMHEAD, 0, 0))], [prev]))
     stages.append(Stage(Op.ARGMAX, 0, [Segment(0, p.B, (Op.ARGMAX, 0, 0))], [(Op.LMHEAD, 0, 0)]))
     return stages
@@ -143,7 +156,7 @@ def lagged(plan: Plan, workers: int, mode: str = "megakernel", strategy: str = "
       first), so the others reach the next layer's QKV, and its weights, during down.
 
     Measurements: docs/performance.md."""
-    return (mode == "megakernel" and strategy == "balanced" and short_b1_mlp(plan, workers))
+    return (mode == "megakernel" and strategy == "balanced" and plan.TP == 1 and short_b1_mlp(plan, workers))
 
 
 def _piece(stage: Stage, a: int, b: int):
@@ -207,6 +220,7 @@ class _Counters:
             self.ids[key] = c = len(self.ids) + 1
             op, layer, group = key
             self.names[c] = f"BARRIER {layer}" if op == Op.BARRIER else \
+                f"REDUCE of layer {layer // 2} after {'down' if layer % 2 else 'O'}" if op == Op.REDUCE else \
                 f"{Op(op).name} layer {layer} pool claims" if group == "pool" else \
                 f"{Op(op).name} layer {layer} group {group}"
         return self.ids[key]

@@ -31,6 +31,7 @@ class Kind:
     tile_bytes: Callable[..., int]             # (plan, itemsize) -> bytes one tile reads
     pool: str | None = None                    # the plan field of its pool, if it can have one
     per_layer: bool = False                    # a stage per layer (else one per step)
+    stages_per_layer: int = 1                  # a per-layer kind's stages a layer (its layer word's range / L)
 
 
 def weight_bytes(p, rows: int, k: int, itemsize: int) -> int:
@@ -56,6 +57,16 @@ KINDS: tuple[Kind, ...] = (
          "POOL_DOWN", True),
     Kind("LMHEAD", 7, "matvec", lambda p: cdiv(p.V, p.R_LM), lambda p, it: p.R_LM * p.H * it, "POOL_LM"),
     Kind("ARGMAX", 8, "argmax", lambda p: p.B, lambda p, it: 8 * cdiv(p.V, p.R_LM)),
+    # Tensor parallelism (plans with TP > 1, ``instructions/allreduce.py``): O and down write this
+    # rank's partial sums instead of adding into x, and REDUCE adds every rank's into x. A REDUCE
+    # stage follows each of them; its instructions' layer word is the partial's slot, 2 l (after O)
+    # or 2 l + 1 (after down).
+    Kind("OPART", 10, "allreduce", lambda p: cdiv(p.H, p.R_O), lambda p, it: weight_bytes(p, p.R_O, p.HQ * p.D, it),
+         "POOL_O", True),
+    Kind("DPART", 11, "allreduce", lambda p: cdiv(p.H, p.R_DOWN), lambda p, it: weight_bytes(p, p.R_DOWN, p.I, it),
+         "POOL_DOWN", True),
+    Kind("REDUCE", 12, "allreduce", lambda p: cdiv(p.H, p.R_AR), lambda p, it: p.TP * p.B * p.R_AR * 4,
+         per_layer=True, stages_per_layer=2),
 )
 
 # Tape words that are not kinds: padding, and the superkernel's grid-wide barrier (the persistent

@@ -116,6 +116,8 @@ class Plan:
     POOL_GU: int = 0
     POOL_DOWN: int = 0
     POOL_LM: int = 0
+    TP: int = 1         # tensor parallel ranks: shapes above are one rank's (models/qwen3/tp.py)
+    R_AR: int = 1       # rows of x per REDUCE tile (TP > 1)
     FP8: int = 0        # 1: QKV, O, gate/up and down weights are block FP8 (one byte a weight, scales beside)
 
     def __post_init__(self):
@@ -322,10 +324,11 @@ def _base_plan(x: PlanInputs, nsplit: int | None, lm_rows: int | None) -> Plan:
 
 
 def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
-                   lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4,
+                   lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4, tp: int = 1,
                    fp8: bool = False) -> tuple[Plan, list[tuple[Rule, dict]]]:
     """``make_plan``'s plan, and the rules of ``PLAN_RULES`` that fired with the fields each set.
-    ``fp8`` (FP8 projections) is set after the rules: tiles are sized as for bf16 weights."""
+    ``tp`` > 1: ``cfg`` is one rank's shapes (``models.qwen3.tp.shard_config``). ``fp8`` (FP8
+    projections) is set after the rules: tiles are sized as for bf16 weights."""
     if not 1 <= batch_size <= MAX_BATCH:
         raise ValueError(f"batch size {batch_size} is outside what the kernels run: 1 to {MAX_BATCH}")
     x = PlanInputs(cfg, batch_size, max_seq_len, workers, max_bk, TILE_ELEMS * num_warps // 4, nsplit is not None,
@@ -337,15 +340,22 @@ def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit:
             fields = rule.then(x, plan)
             plan = replace(plan, **fields)
             fired.append((rule, fields))
+    if tp > 1:
+        # REDUCE tiles: few enough that the cross-GPU polls stay few (one per rank a tile), at
+        # least 128 rows, so a tile's peer reads are whole 512-byte runs per sequence
+        plan = replace(plan, TP=tp, R_AR=min(next_pow2(plan.H), max(128, next_pow2(_cdiv(plan.H, max(1, workers))))))
     return (replace(plan, FP8=1) if fp8 else plan), fired
 
 
 def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
-              lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4, fp8: bool = False) -> Plan:
+              lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4, tp: int = 1,
+              fp8: bool = False) -> Plan:
     """Tile sizes for ``cfg`` at ``batch_size`` and ``max_seq_len`` on ``workers`` workers: the base
-    plan with ``PLAN_RULES`` applied (``plan_and_rules`` says which fired); ``fp8``: the plan of
-    FP8 projections (their bytes in ``cost``; the kernels read the format from the weights)."""
-    return plan_and_rules(cfg, batch_size, max_seq_len, workers, nsplit, lm_rows, max_bk, num_warps, fp8)[0]
+    plan with ``PLAN_RULES`` applied (``plan_and_rules`` says which fired). ``tp`` > 1: ``cfg`` is
+    one rank's shapes, and the step adds the ranks' partial sums after O and down. ``fp8``: the
+    plan of FP8 projections (their bytes in ``cost``; the kernels read the format from the weights)."""
+    return plan_and_rules(cfg, batch_size, max_seq_len, workers, nsplit, lm_rows, max_bk, num_warps, tp=tp,
+                          fp8=fp8)[0]
 
 
 def short_b1_mlp(plan: Plan, workers: int) -> bool:

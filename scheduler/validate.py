@@ -94,7 +94,7 @@ def validate(tape, plan: Plan | None = None, mode: str | None = None, counter_na
 def _check_fields(lists, plan: Plan, num_counters):
     bad = []
     ntiles = {Op[k.name]: plan.tiles(k.opcode) for k in KINDS}
-    per_layer = {Op[k.name] for k in KINDS if k.per_layer}
+    per_layer = {Op[k.name]: k.stages_per_layer for k in KINDS if k.per_layer}
     for w, lst in enumerate(lists):
         for i, ins in enumerate(lst):
             if not isinstance(ins, Instr):
@@ -106,7 +106,7 @@ def _check_fields(lists, plan: Plan, num_counters):
                 continue
             what = where(lists, w, i)
             if op not in (Op.NOOP, Op.BARRIER):
-                layers = plan.L if op in per_layer else 1
+                layers = plan.L * per_layer[op] if op in per_layer else 1
                 if not 0 <= ins.layer < layers:
                     bad.append(f"{what}: layer {ins.layer} does not exist (0..{layers - 1})")
                 n = ntiles[op]

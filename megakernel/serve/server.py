@@ -49,6 +49,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--backend", default=None,
                    help=f"one of {', '.join(BACKENDS)} (default: megakernel on CUDA, else reference)")
     p.add_argument("--device", default=None, help="cpu, cuda or npu (default: the best available)")
+    p.add_argument("--tp", type=_tp_degree, default=1,
+                   help="tensor parallel degree: the model split over this many GPUs, one process each (started "
+                        "here, or by torchrun); rank 0 serves, the others repeat its steps (default 1)")
     p.add_argument("--plan", choices=("auto", "rules", "tuned"), default="auto",
                    help="the kernels' tile plan: tuned (python -m megakernel.tune's cache), rules, or auto (tuned "
                         "where cached for this device, model, batch and max_seq_len; default)")
@@ -66,6 +69,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.backend is not None and args.backend not in BACKENDS:
         raise UsageError(f"unknown backend {args.backend!r}: choose one of {', '.join(BACKENDS)}")
     return args
+
+
+def _tp_degree(text: str) -> int:
+    from megakernel import tp as tp_mod
+    return tp_mod.parse_tp(text)
 
 
 def check_dependencies():
@@ -121,6 +129,9 @@ def build(model, *, batch_size: int = 16, max_seq_len: int = 4096, max_queue: in
                           defaults=sampling_defaults(model.checkpoint), log_prompts=log_prompts)
     backend = backend or default_backend(model.device)
     mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=batch_size, backend=backend, plan=plan)
+    if mk.tp > 1:       # rank 0 of a tensor-parallel run: the other ranks repeat its calls (tp.follow)
+        from megakernel import tp as tp_mod
+        mk = tp_mod.Leader(mk, mk.tp_group)
     metrics = Metrics(batch_size, max_queue)
     engine = Engine(mk, metrics, max_queue=max_queue)
     engine.start(warmup=warmup)
@@ -129,12 +140,24 @@ def build(model, *, batch_size: int = 16, max_seq_len: int = 4096, max_queue: in
 
 
 def main(argv=None) -> int:
+    from megakernel import tp as tp_mod
+    follower = args = None
     try:
         args = parse_args(argv)
         check_dependencies()
-        sock = listen(args.host, args.port)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
+        where = tp_mod.env_rank() if args.tp > 1 else None
+        follower = where is not None and where[0] > 0
+        sock = None if follower else listen(args.host, args.port)
+        if args.tp > 1 and where is None:
+            # one process per rank, each running this command; rank 0 listens again
+            from megakernel import device as devices
+            from megakernel.model import locate_model
+            sock.close()
+            source = locate_model(args.model, random_weights=args.random_weights)
+            return tp_mod.start(args.tp, devices.resolve(args.device), source.config, "megakernel.serve.server:main",
+                                list(sys.argv[1:] if argv is None else argv), source.quantization)[0]
+    except (UsageError, ValueError, RuntimeError) as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import prometheus_client
@@ -145,16 +168,29 @@ def main(argv=None) -> int:
         from megakernel import device as devices
         from megakernel.model import load_model
         dev = devices.resolve(args.device)
+        rank = 0
+        if args.tp > 1:
+            from megakernel.model import locate_model
+            source = locate_model(args.model, random_weights=args.random_weights)
+            _, dev = tp_mod.start(args.tp, dev, source.config, "", [], source.quantization)
+            rank = tp_mod.current().rank
         t0 = time.perf_counter()
         model = load_model(args.model, random_weights=args.random_weights, device=dev,
-                           progress=sys.stderr.isatty())
+                           progress=sys.stderr.isatty(), tp=args.tp, rank=rank)
+        if follower:
+            from megakernel.generate import default_backend
+            from megakernel.runtime import MegaQwen3
+            mk = MegaQwen3(model, max_seq_len=args.max_seq_len, batch_size=args.batch_size,
+                           backend=args.backend or default_backend(dev), plan=args.plan)
+            return tp_mod.follow(mk, tp_mod.current())
         app, engine, config, codec = build(model, batch_size=args.batch_size, max_seq_len=args.max_seq_len,
                                            max_queue=args.max_queue, backend=args.backend,
                                            name=args.served_model_name or args.model, log_prompts=args.log_prompts,
                                            plan=args.plan)
     except (UsageError, ValueError, OSError, RuntimeError, MemoryError) as e:
         # ValueError covers CheckpointError and bad settings; RuntimeError an absent device or backend
-        sock.close()
+        if sock is not None:
+            sock.close()
         print(f"error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
         return 2
     host, port = sock.getsockname()[:2]
@@ -167,4 +203,8 @@ def main(argv=None) -> int:
         server.run(sockets=[sock])
     except KeyboardInterrupt:   # uvicorn shut down gracefully, then passes Ctrl-C on
         return 130
+    finally:
+        if args.tp > 1:
+            engine.stop()
+            engine.mk.stop()    # the other ranks' tp.follow returns
     return 0

@@ -100,10 +100,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence,
-            chunk_size: int | None = None) -> torch.Tensor:
+            chunk_size: int | None = None, reduce=None) -> torch.Tensor:
     """Prefill sequence b of ``cache`` with ``prompts[b]`` (1-D token ids) from position 0, in
     chunks of at most ``chunk_size`` tokens (default ``default_chunk``); sets ``cache.lengths``.
-    Returns float32 logits [B, vocab] of each prompt's last position."""
+    Returns float32 logits [B, vocab] of each prompt's last position. ``reduce``: with tensor
+    parallelism (``cfg`` and ``w`` one rank's share, ``tp.py``), the in-place sum over the ranks
+    of the O and down projections' partial sums, before their residual adds."""
     chunk_size = default_chunk(cfg, w.dtype) if chunk_size is None else chunk_size
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
@@ -161,11 +163,17 @@ def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence
                 outs.append(attend(q[o:o + m].transpose(0, 1), cache.k[l, b, :, :p0 + m],
                                    cache.v[l, b, :, :p0 + m]))
             attn = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(n, cfg.q_size)
-            x.addmm_(attn, w.proj("wo", l).T)
+            if reduce is None:
+                x.addmm_(attn, w.proj("wo", l).T)
+            else:
+                x.add_(reduce(attn @ w.proj("wo", l).T))
             h = F.rms_norm(x, (H,), w.post_norm[l], eps)
             gate_up = F.linear(h, w.proj("wgate_up", l))
             act = F.silu(gate_up[:, :cfg.intermediate_size]).mul_(gate_up[:, cfg.intermediate_size:])
-            x.addmm_(act, w.proj("wdown", l).T)
+            if reduce is None:
+                x.addmm_(act, w.proj("wdown", l).T)
+            else:
+                x.add_(reduce(act @ w.proj("wdown", l).T))
         for b, p0, o, m in pieces:
             if p0 + m == lengths[b]:
                 last[b] = x[o + m - 1:o + m]

@@ -89,16 +89,22 @@ def _qkv(cfg: Qwen3Config, w: Qwen3Weights, l: int, x: torch.Tensor, cos, sin):
     return q, k, v.view(N, -1, D)
 
 
-def _mlp_residual(cfg: Qwen3Config, w: Qwen3Weights, l: int, x: torch.Tensor) -> torch.Tensor:
+def _mlp_residual(cfg: Qwen3Config, w: Qwen3Weights, l: int, x: torch.Tensor, reduce=None) -> torch.Tensor:
     h = rmsnorm(x, w.post_norm[l], cfg.rms_norm_eps)
     gate, up = (h @ w.proj("wgate_up", l).T).split(cfg.intermediate_size, dim=-1)
-    return x + (F.silu(gate) * up) @ w.proj("wdown", l).T
+    return x + _summed((F.silu(gate) * up) @ w.proj("wdown", l).T, reduce)
+
+
+def _summed(partial: torch.Tensor, reduce) -> torch.Tensor:
+    """A projection's output; with tensor parallelism (``reduce``) its sum over the ranks."""
+    return partial if reduce is None else reduce(partial.contiguous())
 
 
 def forward_tokens(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, b: int, ids: torch.Tensor,
-                   start: int, all_logits: bool = False) -> torch.Tensor:
+                   start: int, all_logits: bool = False, reduce=None) -> torch.Tensor:
     """Run tokens ``ids`` [T] of sequence ``b`` at positions start..start+T-1, appending their keys
-    and values to the cache. Returns float32 logits of the last position [V] (or all, [T, V])."""
+    and values to the cache. Returns float32 logits of the last position [V] (or all, [T, V]).
+    ``reduce``: tensor parallelism's in-place sum over the ranks of O's and down's partial sums."""
     T = ids.shape[0]
     if start + T > cache.max_seq_len:
         raise ValueError(f"sequence {b}: {start + T} positions exceed max_seq_len {cache.max_seq_len}")
@@ -114,8 +120,8 @@ def forward_tokens(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, b: int, id
         cache.v[l, b, :, start:start + T] = v.transpose(0, 1)
         o = _attend(q.transpose(0, 1), cache.k[l, b, :, :start + T], cache.v[l, b, :, :start + T], mask,
                     cfg.group_size)
-        x = x + o.transpose(0, 1).reshape(T, cfg.q_size) @ w.proj("wo", l).T
-        x = _mlp_residual(cfg, w, l, x)
+        x = x + _summed(o.transpose(0, 1).reshape(T, cfg.q_size) @ w.proj("wo", l).T, reduce)
+        x = _mlp_residual(cfg, w, l, x, reduce)
     x = rmsnorm(x if all_logits else x[-1:], w.final_norm, cfg.rms_norm_eps)
     logits = (x @ w.lm_head.T).float()
     return logits if all_logits else logits[0]
@@ -126,8 +132,8 @@ class Qwen3Reference:
 
     PREFILL_CHUNK = 512
 
-    def __init__(self, cfg: Qwen3Config, weights: Qwen3Weights, cache: KVCache):
-        self.cfg, self.w, self.cache = cfg, weights, cache
+    def __init__(self, cfg: Qwen3Config, weights: Qwen3Weights, cache: KVCache, reduce=None):
+        self.cfg, self.w, self.cache, self.reduce = cfg, weights, cache, reduce
 
     @torch.no_grad()
     def prefill(self, prompts: list[torch.Tensor]) -> torch.Tensor:
@@ -140,7 +146,7 @@ class Qwen3Reference:
             # Chunks bound the attention scores' memory ([heads, chunk, length]) on long prompts.
             for start in range(0, ids.shape[0], self.PREFILL_CHUNK):
                 logits = forward_tokens(self.cfg, self.w, self.cache, b,
-                                        ids[start:start + self.PREFILL_CHUNK], start)
+                                        ids[start:start + self.PREFILL_CHUNK], start, reduce=self.reduce)
             out.append(logits)
             self.cache.lengths[b] = ids.shape[0]
         return torch.stack(out)
@@ -149,7 +155,7 @@ class Qwen3Reference:
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """One step: token b goes at position lengths[b]; returns float32 logits [B, V]."""
         lengths = self.cache.lengths.tolist()
-        out = [forward_tokens(self.cfg, self.w, self.cache, b, tokens[b:b + 1], lengths[b])
+        out = [forward_tokens(self.cfg, self.w, self.cache, b, tokens[b:b + 1], lengths[b], reduce=self.reduce)
                for b in range(len(lengths))]
         self.cache.lengths += 1
         return torch.stack(out)

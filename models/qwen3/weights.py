@@ -407,12 +407,15 @@ def check_checkpoint(folder: str | Path, cfg: Qwen3Config | None = None) -> dict
 
 
 def load_checkpoint(folder: str | Path, dtype=torch.float32, device="cpu", cfg: Qwen3Config | None = None,
-                    progress: bool = True, quantize: str | None = None) -> tuple[Qwen3Config, Qwen3Weights]:
+                    progress: bool = True, quantize: str | None = None,
+                    shard=None) -> tuple[Qwen3Config, Qwen3Weights]:
     """Load a local Hugging Face Qwen3 checkpoint folder into the stacked layout, converting
     each tensor to ``dtype`` (bf16 files load into float32 and back exactly). An FP8 checkpoint's
     projections stay FP8 with their scales; ``quantize="fp8"`` quantizes a plain checkpoint's
     projections on load, one tensor at a time (on ``device``). The folder is checked first
-    (``check_checkpoint``), so a damaged one fails before anything is allocated."""
+    (``check_checkpoint``), so a damaged one fails before anything is allocated. ``shard`` (a
+    ``tp.TPShard``): only that rank's share reaches ``device``, each tensor (and FP8 scale) cut on
+    the host as it is read, and the returned config is the rank's (``tp.shard_config``)."""
     from safetensors import safe_open
     from tqdm.auto import tqdm
 
@@ -422,6 +425,12 @@ def load_checkpoint(folder: str | Path, dtype=torch.float32, device="cpu", cfg: 
     cfg = cfg or Qwen3Config.from_json(folder / "config.json")
     if fp8_block(folder) is not None:
         quantize = "fp8"
+    if shard is not None:
+        if quantize:
+            from .tp import check_tp_fp8
+            check_tp_fp8(cfg, shard.tp)
+        cfg = shard.config
+    cut = shard.take if shard is not None else (lambda name, t: t)
     w = Qwen3Weights.empty(cfg, dtype, device, quantize)
     slots = hf_slots(cfg, w)
     scale_slots = hf_scale_slots(cfg, w) if quantize else {}
@@ -437,10 +446,11 @@ def load_checkpoint(folder: str | Path, dtype=torch.float32, device="cpu", cfg: 
                     slot = slots.get(name)
                     if name in scale_slots:
                         grid, n = scale_slots[name]
-                        grid.copy_(fp8.to_grid(sf.get_tensor(name), n, w.scale_rows))
+                        grid.copy_(fp8.to_grid(cut(name, sf.get_tensor(name)), n, w.scale_rows))
                     if slot is None:
                         continue    # checked above: a scale_inv, a tied head's copy or rotary_emb.inv_freq
                     t = sf.get_tensor(name)
+                    t = cut(name, t)
                     if slot.dtype == torch.float8_e4m3fn and t.dtype != torch.float8_e4m3fn:
                         _put_fp8(w, *proj[name], *fp8.quantize_blockwise(t.to(device)))
                     else:
@@ -639,24 +649,28 @@ def check_host_memory(nbytes: int, what: str, margin: float = 1.05):
 
 
 def load_random(cfg: Qwen3Config, seed: int, dtype, device, label: str, progress: bool = True,
-                quantize: str | None = None) -> Qwen3Weights:
+                quantize: str | None = None, shard=None) -> Qwen3Weights:
     """Deterministic random weights. Models under 2B parameters are generated once on the CPU and
     cached as safetensors (float32 for tiny ones, bf16 otherwise) so later runs load the same
     values quickly on any device; larger ones are generated on the device each time. The cache
     folder appears whole or not at all: it is written under a temporary name that is removed if
-    writing fails or is interrupted. ``quantize="fp8"``: the same values, quantized on load."""
+    writing fails or is interrupted. ``quantize="fp8"``: the same values, quantized on load.
+    ``shard`` (a ``tp.TPShard`` of ``cfg``): that rank's share of the same values."""
     import hashlib
     import shutil
 
     params = cfg.num_parameters()
     if params > 2_000_000_000:
+        if shard is not None:
+            from .tp import random_shard
+            return random_shard(shard, seed=seed, dtype=dtype, device=device, quantize=quantize)
         return random_weights(cfg, seed=seed, dtype=dtype, device=device, quantize=quantize)
     key = hashlib.sha1(json.dumps([cfg.to_dict(), seed], sort_keys=True).encode()).hexdigest()[:12]
     folder = cache_dir() / "random" / f"{label}-seed{seed}-{key}"
     if (folder / "model.safetensors").exists():
         try:
             return load_checkpoint(folder, dtype=dtype, device=device, cfg=cfg, progress=progress,
-                                   quantize=quantize)[1]
+                                   quantize=quantize, shard=shard)[1]
         except CheckpointError as e:
             print(f"Regenerating random weights: cached copy unreadable ({e})", file=sys.stderr)
     disk_dtype = torch.float32 if params < 50_000_000 else torch.bfloat16
@@ -674,13 +688,20 @@ def load_random(cfg: Qwen3Config, seed: int, dtype, device, label: str, progress
     except OSError as e:
         shutil.rmtree(partial, ignore_errors=True)
         print(f"(not caching random weights: {e})", file=sys.stderr)
-        w = w.to(dtype=disk_dtype).to(dtype=dtype, device=device)
+        w = w.to(dtype=disk_dtype).to(dtype=dtype)
+        if shard is not None:
+            from .tp import check_tp_fp8, shard_weights
+            if quantize:
+                check_tp_fp8(cfg, shard.tp)
+            w, cfg = shard_weights(shard, w), shard.config
+        w = w.to(device=device)
         return _quantized(cfg, w) if quantize else w
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     del w
-    return load_checkpoint(folder, dtype=dtype, device=device, cfg=cfg, progress=progress, quantize=quantize)[1]
+    return load_checkpoint(folder, dtype=dtype, device=device, cfg=cfg, progress=progress, quantize=quantize,
+                           shard=shard)[1]
 
 
 def _quantized(cfg: Qwen3Config, w: Qwen3Weights) -> Qwen3Weights:
