@@ -151,7 +151,9 @@ class PersistentBackend:
         by_regs = getattr(props, "regs_per_multiprocessor", 65536) // regs
         by_threads = getattr(props, "max_threads_per_multi_processor", 2048) // threads
         smem = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
-        by_smem = smem // max(1, k.metadata.shared)
+        # the driver reserves 1 KB of an SM's shared memory for every resident block (sm_80 on)
+        reserved = 1024 if props.major >= 8 else 0
+        by_smem = smem // (max(1, k.metadata.shared) + reserved)
         self.kernel_info = {"n_regs": k.n_regs, "n_spills": k.n_spills, "shared": k.metadata.shared,
                             "resident_per_sm": min(by_regs, by_threads, by_smem)}
         return max(1, min(by_regs, by_threads, by_smem))
