@@ -456,15 +456,52 @@ def load_sbs(w_ptr, ws_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr,
 
 
 @triton.jit
+def sum_squares(acc, x3, IEEE: tl.constexpr):
+    """acc + (x3 * x3) @ ones for a float32 [S, M, KS] block and a [S, M, 16] accumulator: every
+    column of acc gains each row's sum of squares over KS. A matrix product, not a tl.sum: a
+    tl.sum adds in the order of the register layout the compiler picks for x3, and that layout
+    differs between the persistent kernel and a per-op kernel, so one tile's rows would be
+    normalised by a 1/rms one float32 rounding apart; a dot adds in an order fixed by its shape.
+    The square goes in as three bf16 terms that sum to it exactly (bf16 has float32's exponent),
+    or as float32 with IEEE (float32 weights: the interpreter has no bf16 arithmetic)."""
+    ones = tl.full([x3.shape[0], x3.shape[2], 16], 1.0, tl.float32)
+    q = x3 * x3
+    if IEEE:
+        acc = tl.dot(q, ones, acc, input_precision="ieee")
+    else:
+        q1 = q.to(tl.bfloat16)
+        r = q - q1.to(tl.float32)
+        q2 = r.to(tl.bfloat16)
+        q3 = (r - q2.to(tl.float32)).to(tl.bfloat16)
+        ones = ones.to(tl.bfloat16)
+        acc = tl.dot(q3, ones, acc)     # the small terms first
+        acc = tl.dot(q2, ones, acc)
+        acc = tl.dot(q1, ones, acc)
+    return acc
+
+
+@triton.jit
+def sum_slices(a):
+    """sum over axis 0 of a [S, M, N] block (S 1, 2 or 4) as [M, N], by halves: each step adds two
+    slices, one addition per element, so the result is the same in any register layout (a tl.sum
+    over 4 would add in the layout's order)."""
+    for _ in tl.static_range(2):
+        if a.shape[0] > 1:
+            a = tl.sum(tl.reshape(a, [2, a.shape[0] // 2, a.shape[1], a.shape[2]]), axis=0)
+    return tl.reshape(a, [a.shape[1], a.shape[2]])
+
+
+@triton.jit
 def load_xbs(x_ptr, nw_ptr, K: tl.constexpr, k0, NORM: tl.constexpr, B: tl.constexpr, B_PAD: tl.constexpr,
-             S: tl.constexpr, KS: tl.constexpr):
+             S: tl.constexpr, KS: tl.constexpr, IEEE: tl.constexpr, ss):
     """(columns [k0, k0+S*KS) of B float32 rows of K, read through L2 and times the norm weight
-    when NORM, as [S, B_PAD, KS]; their sums of squares over KS, before the norm weight, [S, B_PAD])."""
+    when NORM, as [S, B_PAD, KS]; the accumulator ``ss`` [S, B_PAD, 16] plus, with NORM, their sums
+    of squares over KS before the norm weight, in every column (``sum_squares``))."""
     b = tl.arange(0, B_PAD)[None, :, None]
     k = k0 + tl.arange(0, S)[:, None, None] * KS + tl.arange(0, KS)[None, None, :]
     x = tl.load(x_ptr + b * K + k, mask=(b < B) & (k < K), other=0.0, cache_modifier=".cg").to(tl.float32)
-    ss = tl.sum(x * x, axis=2)
     if NORM:
+        ss = sum_squares(ss, x, IEEE)
         x = x * tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
     return x, ss
 
@@ -524,15 +561,16 @@ def batch_mask(acc, row0, row_end, B: tl.constexpr, R: tl.constexpr):
 def _batch_epilogue(acc3, acc3_2, ss2, row0, row_end, out_ptr, aux_ptr, eps, B: tl.constexpr, N: tl.constexpr,
                     K: tl.constexpr, R: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr):
     """A ``batch_tiles`` tile's outputs from its K-sliced accumulators (``mac_dot``)."""
-    acc = tl.sum(acc3, axis=0)
+    acc = sum_slices(acc3)
     if NORM:
-        rstd = (1.0 / tl.sqrt(tl.sum(ss2, axis=0) / K + eps))[:, None]     # each input row's 1/rms
+        # each input row's 1/rms, [B_PAD, 1]: ss2's columns are equal, so their max is any one
+        rstd = 1.0 / tl.sqrt(tl.max(sum_slices(ss2), axis=1, keep_dims=True) / K + eps)
         acc = acc * rstd
     rows, ok = batch_mask(acc, row0, row_end, B, R)
     bb = tl.arange(0, acc.shape[0])
     offs = bb[:, None] * N + rows[None, :]
     if EPI == GATEUP:
-        up = tl.sum(acc3_2, axis=0)
+        up = sum_slices(acc3_2)
         if NORM:
             up = up * rstd
         acc = acc / (1.0 + tl.exp(-acc)) * up
@@ -575,10 +613,16 @@ def batch_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, nw_ptr, eps, out
     # a float32 model (the CPU's) multiplies FP8 weights in float32; the norm weight is in the
     # model's dtype (O and down pass their input there, also in the model's dtype)
     EXACT: tl.constexpr = nw_ptr.dtype.element_ty == tl.float32
+    IEEE: tl.constexpr = EXACT     # sums of squares as float32 products (the interpreter's bf16 dot is not exact)
     if FP8:
         tl.static_assert(KS <= 128, "an FP8 K-slice must lie in one 128-column scale block")
-    CHUNK_BYTES: tl.constexpr = (2 if TWO else 1) * R_PAD * KC * 2 + B_PAD * KC * 4    # 16-bit weights
-    AHEAD: tl.constexpr = SMEM_BYTES // CHUNK_BYTES
+    # a stage's bytes: the weight chunk(s) at the weights' own width (float32 ones take twice a
+    # 16-bit chunk's shared memory, FP8 ones half) and the float32 input chunk
+    WBYTES: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+    CHUNK_BYTES: tl.constexpr = (2 if TWO else 1) * R_PAD * KC * WBYTES + B_PAD * KC * 4
+    # float32 weights (the float32 test models) get half the budget: each batched kind's pipeline
+    # takes its own shared memory, and at full budget they outgrow an SM
+    AHEAD: tl.constexpr = (SMEM_BYTES // 2 if WBYTES > 2 else SMEM_BYTES) // CHUNK_BYTES
     STAGES: tl.constexpr = 2 if AHEAD < 1 else 1 + (MAX_AHEAD if AHEAD > MAX_AHEAD else AHEAD)
     row_end = tl.minimum(t1 * R, N)
     seen = target
@@ -586,7 +630,7 @@ def batch_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, nw_ptr, eps, out
         seen = wait_counter(cnt_ptr, target, SPIN)
     acc3 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
     acc3_2 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
-    ss2 = tl.zeros([S, B_PAD], dtype=tl.float32)
+    ss2 = tl.zeros([S, B_PAD, 16], dtype=tl.float32)     # sums of squares (NORM), 16 equal columns
     for it in tl.range(0, (t1 - t0) * NKC, num_stages=STAGES):
         q = it // NKC
         t = t0 + q
@@ -594,7 +638,7 @@ def batch_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, nw_ptr, eps, out
         w = load_wbs(w_ptr, t * R, row_end, K, k0, R, R_PAD, S, KS)
         if TWO:
             w2 = load_wbs(w2_ptr, t * R, row_end, K, k0, R, R_PAD, S, KS)
-        x, sq = load_xbs(in_ptr, nw_ptr, K, k0, NORM, B, B_PAD, S, KS)
+        x, ss2 = load_xbs(in_ptr, nw_ptr, K, k0, NORM, B, B_PAD, S, KS, IEEE, ss2)
         if FP8:
             sw = load_sbs(w_ptr, ws_ptr, t * R, row_end, K, k0, R, R_PAD, S, KS, SB)
             acc3 = mac_dot_fp8(acc3, x, w, sw, EXACT)
@@ -605,12 +649,11 @@ def batch_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, nw_ptr, eps, out
             acc3 = mac_dot(acc3, x, w)
             if TWO:
                 acc3_2 = mac_dot(acc3_2, x, w2)
-        ss2 += sq
         if k0 + KC >= K:     # the tile's last chunk: its epilogue, then a fresh accumulator
             _batch_epilogue(acc3, acc3_2, ss2, t * R, row_end, out_ptr, aux_ptr, eps, B, N, K, R, NORM, EPI)
             acc3 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
             acc3_2 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
-            ss2 = tl.zeros([S, B_PAD], dtype=tl.float32)
+            ss2 = tl.zeros([S, B_PAD, 16], dtype=tl.float32)
     return seen
 
 

@@ -156,7 +156,11 @@ class PersistentBackend:
         by_smem = smem // (max(1, k.metadata.shared) + reserved)
         self.kernel_info = {"n_regs": k.n_regs, "n_spills": k.n_spills, "shared": k.metadata.shared,
                             "resident_per_sm": min(by_regs, by_threads, by_smem)}
-        return max(1, min(by_regs, by_threads, by_smem))
+        if min(by_regs, by_threads, by_smem) < 1:
+            raise RuntimeError(f"{self.mode}: the compiled kernel needs {k.metadata.shared} bytes of shared memory "
+                               f"and {k.n_regs} registers a thread; not one program fits on an SM of this GPU "
+                               f"({smem} bytes of shared memory). Fewer pipeline stages or a smaller batch.")
+        return min(by_regs, by_threads, by_smem)
 
     def reset_counters(self):
         group = getattr(self.mk, "tp_group", None)
