@@ -61,7 +61,12 @@ def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = N
                      tp=getattr(mk, "tp", 1), fp8=mk.weights.quantization == "fp8")
     choice = getattr(mk, "plan_choice", None)
     tuned = choice.entry.fields if choice is not None and choice.entry is not None else {}
-    return dataclasses.replace(plan, **{**tuned, **(overrides or {})})
+    plan = dataclasses.replace(plan, **{**tuned, **(overrides or {})})
+    # the tiles read the weights' format from their pointers; the plan's byte costs must assume the
+    # same one (checked here, on the host: triton-ascend cannot fold a dtype test in the kernel)
+    if bool(plan.FP8) != (mk.weights.quantization == "fp8"):
+        raise ValueError(f"the plan's FP8={plan.FP8} does not match the weights ({mk.weights.quantization or 'not quantized'})")
+    return plan
 
 
 def _check_kernel_device(mk, name):
