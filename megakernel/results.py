@@ -10,7 +10,8 @@ absent from rows recorded before tensor parallelism, which ran on one; ``batch_s
 decode step of the whole batch; ``prefill_ms``; ``pct_of_floor``; ...; ``error`` where the backend
 failed), and the plan its kernels ran (``plan``: ``rules`` or ``tuned``, None for a backend that runs
 no tape and in rows from before the tuner; ``plan_tuned_at``; ``plan_fields``, what the tuned plan
-changed). ``ROW_FIELDS`` lists them all.
+changed). ``ROW_FIELDS`` lists them all; a row of ``python -m megakernel.loadtest --record`` (backend
+``serve``) has ``SERVE_ROW_FIELDS``: the server under load.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ MEASURE_FIELDS = ("backend", "implementation", "ms_per_step", "ms_per_step_p10",
 # rows of ``python -m megakernel.loadtest --record`` (backend "serve"): the server under load
 SERVE_FIELDS = ("concurrency", "duration_s", "requests", "failed", "lost", "requests_per_s",
                 "output_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "serve_backend")
-ROW_FIELDS = RUN_FIELDS + CONFIG_FIELDS + MEASURE_FIELDS + SERVE_FIELDS
+ROW_FIELDS = RUN_FIELDS + CONFIG_FIELDS + MEASURE_FIELDS
+SERVE_ROW_FIELDS = ROW_FIELDS + SERVE_FIELDS
 BACKEND_ORDER = ("megakernel", "cuda-graph", "torch-compile", "hf-compile", "superkernel", "per-op", "hf", "reference")
 CODE_PATHS = ("megakernel", "instructions", "scheduler", "models", "pyproject.toml")
 MARK_BEGIN, MARK_END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -103,7 +105,7 @@ def check_writable(path: str, flag: str):
 def append_rows(path: str | Path, rows: list[dict]):
     with open(path, "a") as f:
         for r in rows:
-            fields = ROW_FIELDS if r.get("backend") == "serve" else ROW_FIELDS[:-len(SERVE_FIELDS)]
+            fields = SERVE_ROW_FIELDS if r.get("backend") == "serve" else ROW_FIELDS
             f.write(json.dumps({k: r.get(k) for k in fields}) + "\n")
 
 
