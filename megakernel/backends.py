@@ -57,14 +57,15 @@ def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = N
     plan where it runs one (``megakernel.plans``), then any fields overridden (experiments). The
     persistent and per-op backends both use it, so with the same workers their numbers agree bit
     for bit."""
+    fp8 = mk.weights.quantization == "fp8"
     plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk, num_warps=num_warps,
-                     tp=getattr(mk, "tp", 1), fp8=mk.weights.quantization == "fp8")
+                     tp=getattr(mk, "tp", 1), fp8=fp8)
     choice = getattr(mk, "plan_choice", None)
     tuned = choice.entry.fields if choice is not None and choice.entry is not None else {}
     plan = dataclasses.replace(plan, **{**tuned, **(overrides or {})})
     # the tiles read the weights' format from their pointers; the plan's byte costs must assume the
     # same one (checked here, on the host: triton-ascend cannot fold a dtype test in the kernel)
-    if bool(plan.FP8) != (mk.weights.quantization == "fp8"):
+    if bool(plan.FP8) != fp8:
         raise ValueError(f"the plan's FP8={plan.FP8} does not match the weights ({mk.weights.quantization or 'not quantized'})")
     return plan
 

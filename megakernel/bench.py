@@ -19,11 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shlex
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 
 import megakernel  # noqa: F401  (selects the device before any kernel module loads)
 
@@ -734,12 +732,7 @@ def bench(args) -> dict:
     seed = args.seed if args.seed is not None else int(time.time())
     g = torch.Generator().manual_seed(seed)
     bw = copy_bandwidth_gbps(dev)
-    commit, dirty = table.git_state()
-    now = datetime.now(timezone.utc)
-    run = {"run": f"{now:%Y%m%dT%H%M%SZ}-{(commit or 'nogit')[:7]}", "time": now.isoformat(timespec="seconds"),
-           "command": shlex.join(["python", "-m", "megakernel.bench", *args.argv]),
-           "device": _device_name(dev), "versions": table.versions(), "git_commit": commit, "git_dirty": dirty,
-           "model": args.model, "weights": "random" if model.random_weights else str(model.checkpoint),
+    run = {**table.run_header("megakernel.bench", args.argv), "device": _device_name(dev), "model": args.model, "weights": "random" if model.random_weights else str(model.checkpoint),
            "dtype": str(model.dtype).replace("torch.", ""), "quantization": model.quantization,
            "copy_gbps": round(bw, 1) if bw else None,
            "prompt_seed": seed, "tp": args.tp}

@@ -180,16 +180,10 @@ async def run(args) -> dict:
 def record_row(args, argv, report: dict) -> dict:
     """The report as a row of the results table: the run's header (as the bench writes it), the
     server's facts from /health, and the figures."""
-    from datetime import datetime, timezone
-    import shlex
     from . import results
-    commit, dirty = results.git_state()
-    now = datetime.now(timezone.utc)
     srv = report.get("server") or {}
-    return {"run": f"{now:%Y%m%dT%H%M%SZ}-{(commit or 'nogit')[:7]}", "time": now.isoformat(timespec="seconds"),
-            "command": shlex.join(["python", "-m", "megakernel.loadtest", *(argv if argv is not None else sys.argv[1:])]),
-            "device": srv.get("device"), "versions": results.versions(), "git_commit": commit, "git_dirty": dirty,
-            "model": report["model"], "dtype": srv.get("dtype"), "backend": "serve",
+    return {**results.run_header("megakernel.loadtest", argv if argv is not None else sys.argv[1:]),
+            "device": srv.get("device"), "model": report["model"], "dtype": srv.get("dtype"), "backend": "serve",
             "serve_backend": srv.get("backend"), "batch_size": srv.get("batch_size"),
             "max_seq_len": srv.get("max_seq_len"), "prompt_len": args.prompt_tokens, "new_tokens": args.max_tokens,
             **{k: report.get(k) for k in results.SERVE_FIELDS if k in report},

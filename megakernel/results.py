@@ -20,8 +20,10 @@ import json
 import os
 import platform
 import re
+import shlex
 import subprocess
 from collections import defaultdict
+from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,6 +65,16 @@ def git_state(root: Path = REPO) -> tuple[str | None, bool | None]:
     except (OSError, subprocess.SubprocessError):
         return None, None
     return commit or None, bool(status.strip())
+
+
+def run_header(module: str, argv: list[str]) -> dict:
+    """What every recorded run says about itself: its id and time, the command (``python -m
+    <module> <argv>``), the versions, and the commit it ran."""
+    commit, dirty = git_state()
+    now = datetime.now(timezone.utc)
+    return {"run": f"{now:%Y%m%dT%H%M%SZ}-{(commit or 'nogit')[:7]}", "time": now.isoformat(timespec="seconds"),
+            "command": shlex.join(["python", "-m", module, *argv]), "versions": versions(),
+            "git_commit": commit, "git_dirty": dirty}
 
 
 def versions() -> dict:

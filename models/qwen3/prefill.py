@@ -50,7 +50,7 @@ def default_chunk(cfg: Qwen3Config, dtype: torch.dtype) -> int:
     """Tokens a chunk: PREFILL_CHUNK where set, else as many as PREFILL_ACT_BYTES holds."""
     if PREFILL_CHUNK is not None:
         return PREFILL_CHUNK
-    per = act_bytes_per_token(cfg, torch.empty(0, dtype=dtype).element_size())
+    per = act_bytes_per_token(cfg, dtype.itemsize)
     return max(PREFILL_MIN_CHUNK, PREFILL_ACT_BYTES // per)
 
 
