@@ -68,6 +68,15 @@ def _float32_reference(model):
     return Qwen3Model(model.name, model.config, model.weights.dequantized(torch.float32), None, None)
 
 
+def ours_and_float32(model, ids: torch.Tensor):
+    """Teacher-forced logits of the megakernel and of the float32 reference on the dequantized
+    weights, and the positions where float32 clearly decides (top two more than CLEAR_MARGIN apart)."""
+    ours = teacher_forced(model, ids, "megakernel")
+    ref = teacher_forced(_float32_reference(model), ids, "reference")
+    top2 = ref.topk(2, dim=-1).values
+    return ours, ref, top2[:, 0] - top2[:, 1] > CLEAR_MARGIN
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("size", ["0.6b", "8b"])
 def test_fp8_top1_agrees_with_float32_on_the_dequantized_weights(size, seed):
@@ -76,10 +85,7 @@ def test_fp8_top1_agrees_with_float32_on_the_dequantized_weights(size, seed):
     n = POSITIONS * (4 if size == "8b" else 1)
     ids = torch.randint(0, model.config.vocab_size, (n + 1,), device="cuda",
                         generator=torch.Generator(device="cuda").manual_seed(seed))
-    ours = teacher_forced(model, ids, "megakernel")
-    ref = teacher_forced(_float32_reference(model), ids, "reference")
-    top2 = ref.topk(2, dim=-1).values
-    clear = top2[:, 0] - top2[:, 1] > CLEAR_MARGIN
+    ours, ref, clear = ours_and_float32(model, ids)
     print(f"{size} fp8: top-1 agreement with float32 on the dequantized weights {agree(ours, ref):.4f} overall, "
           f"{agree(ours, ref, clear):.4f} at the {int(clear.sum())} positions with a margin > {CLEAR_MARGIN}")
     assert int(clear.sum()) >= MIN_CLEAR, "too few clear positions for the check to mean much"
@@ -102,10 +108,7 @@ def test_against_transformers_fp8(tmp_path, seed):
         theirs = hf(ids[None, :POSITIONS]).logits[0].float()
     except Exception as e:    # its FP8 kernels need packages or hardware this machine may lack
         pytest.skip(f"transformers' FP8 path does not run here: {type(e).__name__}: {str(e)[:200]}")
-    ours = teacher_forced(model, ids, "megakernel")
-    ref = teacher_forced(_float32_reference(model), ids, "reference")
-    top2 = ref.topk(2, dim=-1).values
-    clear = top2[:, 0] - top2[:, 1] > CLEAR_MARGIN
+    ours, ref, clear = ours_and_float32(model, ids)
     print(f"clear positions {int(clear.sum())}: ours vs float32 {agree(ours, ref, clear):.4f}, transformers fp8 vs "
           f"float32 {agree(theirs, ref, clear):.4f}, ours vs transformers fp8 {agree(ours, theirs, clear):.4f}")
     assert agree(ours, ref, clear) >= agree(theirs, ref, clear)
