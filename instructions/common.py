@@ -3,8 +3,8 @@ and the row-block GEMV core.
 
 FP8 weights (``models/qwen3/fp8.py``): where a projection's pointer is to float8e4nv, the GEMV
 core also reads its float32 block scales (``ws_ptr``: row r, column k has scale
-``ws[r // SB, k // 128]``) and dequantizes in registers; activations and float32 accumulation are
-as for 16-bit weights. The weight pointer's element type is a compile-time property, so 16-bit
+``ws[r // SB, k // 128]``) and decodes them in registers with integer ops (``e4m3_lane``),
+scaling each 128-column block's partial sum (``fp8_dot``); activations stay float32. The weight pointer's element type is a compile-time property, so 16-bit
 weights compile as they did before FP8 existed.
 
 Memory ordering (docs/design.md, "Memory ordering"): a consumer's poll is a scalar
@@ -115,8 +115,8 @@ def load_w(w_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, BK: tl.co
 # below the FP8 memory floor on Hopper). The float32 with bits sign << 31 | (e4m3 & 0x7f) << 20 is
 # the e4m3 value times 2^-120, exactly, for normal and subnormal e4m3 alike (NaN, 0x7f, is not
 # kept: Qwen's weights have none). The 2^-120 is undone in two exact powers of two, FP8_PRE on the
-# scale and FP8_POST on the row sums, so neither a scaled input (up to |x * s| < 2^64) overflows nor
-# a product of ordinary size falls into float32's denormals.
+# input and FP8_POST on the row sums, so neither the input (|x| < 2^64) overflows nor a product of
+# ordinary size (|weight * x| above 2^-70) falls into float32's denormals.
 E4M3_BITS: tl.constexpr = tl.constexpr(0x87F00000 - (1 << 32))     # sign | 7 bits at 20..26, as int32
 FP8_PRE: tl.constexpr = tl.constexpr(2.0 ** 64)
 FP8_POST: tl.constexpr = tl.constexpr(2.0 ** 56)
@@ -135,66 +135,50 @@ def e4m3_lane(w, J: tl.constexpr):
 @triton.jit
 def load_s(w_ptr, ws_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, BK: tl.constexpr,
            SB: tl.constexpr):
-    """The block scales of ``load_w``'s block where w_ptr is FP8, times FP8_PRE. Where the tile's
-    rows lie in one scale row (SB % R == 0: tiles start at multiples of R), the scale of each word
-    of the chunk, [BK / 4], which ``fp8_dot`` folds into the input; otherwise [R, NB], the scales of
-    rows [row0, row0 + R) over the chunk's NB = max(1, BK / 128) 128-column blocks (a chunk
-    narrower than 128 lies in one block, since chunks are powers of two from 0). Loaded with the
-    weights, before the wait. A float32 1 for 16-bit weights, which nothing reads."""
+    """The block scales of ``load_w``'s block where w_ptr is FP8: [R, NB], the scales of rows
+    [row0, row0 + R) over the chunk's NB = max(1, BK / 128) 128-column blocks (a chunk narrower
+    than 128 lies in one block, since chunks are powers of two from 0). Loaded with the weights,
+    before the wait. A float32 1 for 16-bit weights, which nothing reads."""
     if w_ptr.dtype.element_ty == tl.float8e4nv:
+        NB: tl.constexpr = BK // 128 if BK > 128 else 1
         KB: tl.constexpr = (K + 127) // 128
-        if SB % R == 0:
-            c = k0 + 4 * tl.arange(0, BK // 4)
-            s = tl.load(ws_ptr + (row0 // SB) * KB + c // 128, mask=(c < K) & (row0 + 0 * c < row_end),
-                        other=0.0)
-        else:
-            NB: tl.constexpr = BK // 128 if BK > 128 else 1
-            r = row0 + tl.arange(0, R)
-            j = k0 // 128 + tl.arange(0, NB)
-            s = tl.load(ws_ptr + (r // SB)[:, None] * KB + j[None, :],
-                        mask=(r[:, None] < row_end) & (j[None, :] < KB), other=0.0)
-        s = s * FP8_PRE
+        r = row0 + tl.arange(0, R)
+        j = k0 // 128 + tl.arange(0, NB)
+        s = tl.load(ws_ptr + (r // SB)[:, None] * KB + j[None, :], mask=(r[:, None] < row_end) & (j[None, :] < KB),
+                    other=0.0)
     else:
         s = tl.full([], 1.0, tl.float32)
     return s
 
 
 @triton.jit
-def fp8_dot(w, s, x, R: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr):
+def fp8_dot(w, s, x, R: tl.constexpr, BK: tl.constexpr):
     """Row sums of an FP8 block (``load_w``'s words, ``load_s``' scales) times the input chunk
-    ``x`` (``load_xv``'s four strided lanes), times 2^-56 (FP8_POST undoes it). Where the scales
-    are per word, they multiply the input ([BK] products a tile-chunk) and each weight costs one
-    FMA; else each weight is scaled, exactly as the reference dequantizes."""
+    ``x`` (``load_xnv``'s four strided lanes, times FP8_PRE), times 2^-56 (FP8_POST undoes it).
+    One FMA a weight: each 128-column block's partial sum is scaled, not each weight (so the sum
+    rounds differently from the reference's on dequantized weights, within float32's precision);
+    the input, read once per instruction, is scaled by FP8_PRE once, not per tile, and stays in
+    the layout the products want."""
     f0 = e4m3_lane(w, 0)
     f1 = e4m3_lane(w, 1)
     f2 = e4m3_lane(w, 2)
     f3 = e4m3_lane(w, 3)
     x0, x1, x2, x3 = x
-    if SB % R == 0:
-        x0 = x0 * s
-        x1 = x1 * s
-        x2 = x2 * s
-        x3 = x3 * s
-    elif BK > 128:
+    p = f0 * x0[None, :] + f1 * x1[None, :] + f2 * x2[None, :] + f3 * x3[None, :]
+    if BK > 128:
         NB: tl.constexpr = BK // 128
-        f0 = tl.reshape(tl.reshape(f0, (R, NB, 32)) * s[:, :, None], (R, BK // 4))
-        f1 = tl.reshape(tl.reshape(f1, (R, NB, 32)) * s[:, :, None], (R, BK // 4))
-        f2 = tl.reshape(tl.reshape(f2, (R, NB, 32)) * s[:, :, None], (R, BK // 4))
-        f3 = tl.reshape(tl.reshape(f3, (R, NB, 32)) * s[:, :, None], (R, BK // 4))
+        acc = tl.sum(tl.sum(tl.reshape(p, (R, NB, 32)), axis=2) * s, axis=1)
     else:
-        f0 = f0 * s
-        f1 = f1 * s
-        f2 = f2 * s
-        f3 = f3 * s
-    return tl.sum(f0 * x0[None, :] + f1 * x1[None, :] + f2 * x2[None, :] + f3 * x3[None, :], axis=1)
+        acc = tl.sum(p, axis=1) * tl.sum(s, axis=1)
+    return acc
 
 
 @triton.jit
-def wdot(w, s, x, R: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr):
+def wdot(w, s, x, R: tl.constexpr, BK: tl.constexpr):
     """Row sums of a weight block times an input chunk: 16-bit weights in float32 times x [BK];
     FP8 words through ``fp8_dot`` (x its four lanes; the sums times 2^-56)."""
     if w.dtype == tl.int32:
-        acc = fp8_dot(w, s, x, R, BK, SB)
+        acc = fp8_dot(w, s, x, R, BK)
     else:
         acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
     return acc
@@ -248,6 +232,25 @@ def _x_lanes(x_ptr, k0, K: tl.constexpr, BK: tl.constexpr, CG: tl.constexpr):
 
 
 @triton.jit
+def _x_scaled(x0, x1, x2, x3, rstd, nw, NORM: tl.constexpr):
+    """FP8 input lanes times FP8_PRE and, with NORM, times rstd and the norm weight's lanes ``nw``
+    (the power of two folded into rstd: exact, so the same as scaling afterwards)."""
+    if NORM:
+        rs = rstd * FP8_PRE
+        n0, n1, n2, n3 = nw
+        x0 = x0 * rs * n0
+        x1 = x1 * rs * n1
+        x2 = x2 * rs * n2
+        x3 = x3 * rs * n3
+    else:
+        x0 = x0 * FP8_PRE
+        x1 = x1 * FP8_PRE
+        x2 = x2 * FP8_PRE
+        x3 = x3 * FP8_PRE
+    return x0, x1, x2, x3
+
+
+@triton.jit
 def load_nwv(w_ptr, nw_ptr, K: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr):
     """``load_nw`` in the form the tiles of ``w_ptr`` read: for FP8 weights its four lanes
     (``_x_lanes``)."""
@@ -274,12 +277,7 @@ def load_xnv(w_ptr, x_ptr, nw_ptr, nw0, eps, K: tl.constexpr, BK: tl.constexpr, 
                 rstd = 1.0 / tl.sqrt(tl.sum(x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3, axis=0) / K + eps)
             else:
                 rstd = rms_rstd(x_ptr, K, eps, BK)
-            n0, n1, n2, n3 = nw0
-            x0 = x0 * rstd * n0
-            x1 = x1 * rstd * n1
-            x2 = x2 * rstd * n2
-            x3 = x3 * rstd * n3
-        xv = (x0, x1, x2, x3)
+        xv = _x_scaled(x0, x1, x2, x3, rstd, nw0, NORM)
     else:
         xv, rstd = load_xn(x_ptr, nw_ptr, nw0, eps, K, BK, NORM)
     return xv, rstd
@@ -290,13 +288,10 @@ def _load_xkv(w_ptr, x_ptr, nw_ptr, rstd, k0, K: tl.constexpr, NORM: tl.constexp
     """``_load_xk`` in the form the tiles of ``w_ptr`` read (FP8: four lanes)."""
     if w_ptr.dtype.element_ty == tl.float8e4nv:
         x0, x1, x2, x3 = _x_lanes(x_ptr, k0, K, BK, True)
+        nw = (x0, x1, x2, x3)          # (unread without NORM)
         if NORM:
-            n0, n1, n2, n3 = _x_lanes(nw_ptr, k0, K, BK, False)
-            x0 = x0 * rstd * n0
-            x1 = x1 * rstd * n1
-            x2 = x2 * rstd * n2
-            x3 = x3 * rstd * n3
-        xv = (x0, x1, x2, x3)
+            nw = _x_lanes(nw_ptr, k0, K, BK, False)
+        xv = _x_scaled(x0, x1, x2, x3, rstd, nw, NORM)
     else:
         xv = _load_xk(x_ptr, nw_ptr, rstd, k0, K, NORM, BK)
     return xv
@@ -324,10 +319,10 @@ def dot_rows2(a_ptr, b_ptr, as_ptr, bs_ptr, a0, b0, sa0, sb0, xn0, row0, row_end
     tile of 32b's gate/up, K 5120, is two chunks). Returns (acc_a, acc_b); acc_b is acc_a without
     TWO. Each sum is added in ``dot_rows``' order."""
     if K <= BK:
-        acc_a = wdot(a0, sa0, xn0, R, BK, SB)
+        acc_a = wdot(a0, sa0, xn0, R, BK)
         acc_b = acc_a
         if TWO:
-            acc_b = wdot(b0, sb0, xn0, R, BK, SB)
+            acc_b = wdot(b0, sb0, xn0, R, BK)
     else:
         a = load_w(a_ptr, row0, row_end, K, BK, R, BK)
         sa = load_s(a_ptr, as_ptr, row0, row_end, K, BK, R, BK, SB)
@@ -337,10 +332,10 @@ def dot_rows2(a_ptr, b_ptr, as_ptr, bs_ptr, a0, b0, sa0, sb0, xn0, row0, row_end
             b = load_w(b_ptr, row0, row_end, K, BK, R, BK)
             sb = load_s(b_ptr, bs_ptr, row0, row_end, K, BK, R, BK, SB)
         x = _load_xkv(a_ptr, x_ptr, nw_ptr, rstd, BK, K, NORM, BK)
-        acc_a = wdot(a0, sa0, xn0, R, BK, SB)
+        acc_a = wdot(a0, sa0, xn0, R, BK)
         acc_b = acc_a
         if TWO:
-            acc_b = wdot(b0, sb0, xn0, R, BK, SB)
+            acc_b = wdot(b0, sb0, xn0, R, BK)
         for k0 in range(2 * BK, K, BK):
             a_next = load_w(a_ptr, row0, row_end, K, k0, R, BK)
             sa_next = load_s(a_ptr, as_ptr, row0, row_end, K, k0, R, BK, SB)
@@ -350,17 +345,17 @@ def dot_rows2(a_ptr, b_ptr, as_ptr, bs_ptr, a0, b0, sa0, sb0, xn0, row0, row_end
                 b_next = load_w(b_ptr, row0, row_end, K, k0, R, BK)
                 sb_next = load_s(b_ptr, bs_ptr, row0, row_end, K, k0, R, BK, SB)
             x_next = _load_xkv(a_ptr, x_ptr, nw_ptr, rstd, k0, K, NORM, BK)
-            acc_a += wdot(a, sa, x, R, BK, SB)
+            acc_a += wdot(a, sa, x, R, BK)
             if TWO:
-                acc_b += wdot(b, sb, x, R, BK, SB)
+                acc_b += wdot(b, sb, x, R, BK)
             a = a_next
             b = b_next
             sa = sa_next
             sb = sb_next
             x = x_next
-        acc_a += wdot(a, sa, x, R, BK, SB)
+        acc_a += wdot(a, sa, x, R, BK)
         if TWO:
-            acc_b += wdot(b, sb, x, R, BK, SB)
+            acc_b += wdot(b, sb, x, R, BK)
     if a_ptr.dtype.element_ty == tl.float8e4nv:
         acc_a = acc_a * FP8_POST
         acc_b = acc_b * FP8_POST

@@ -428,15 +428,15 @@ from instructions.common import FP8_POST, FP8_PRE, e4m3_lane  # noqa: E402
 
 @triton.jit
 def _decode(w_ptr, s_ptr, raw_ptr, out_ptr, N: tl.constexpr):
-    """The words as ``load_w`` reads them, each byte lane decoded (raw), then scaled as the tiles'
-    per-row path does: times (s * FP8_PRE), times FP8_POST (out)."""
+    """The words as ``load_w`` reads them, each byte lane decoded (raw), then times the powers of
+    two the tiles fold into the input (FP8_PRE) and the row sums (FP8_POST) and the scale (out)."""
     i = tl.arange(0, N // 4)
     w = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + i)
-    s = tl.load(s_ptr) * FP8_PRE
+    s = tl.load(s_ptr)
     for j in tl.static_range(4):
         f = e4m3_lane(w, j)
         tl.store(raw_ptr + 4 * i + j, f)
-        tl.store(out_ptr + 4 * i + j, f * s * FP8_POST)
+        tl.store(out_ptr + 4 * i + j, f * FP8_PRE * s * FP8_POST)
 
 
 @pytest.mark.parametrize("scale", [1.0, 2.0 ** -20, 3.0e-4, 0.75])
@@ -462,9 +462,9 @@ REGISTER_PATHS = dict(BATCHED=0, R_QKV=8, R_O=64, R_GU=8, R_DOWN=64, R_LM=8, BK_
 @pytest.mark.parametrize("batch", [1, 2])
 def test_fp8_register_tiles_every_path(tiny_checkpoint, seed, batch):
     """The register tiles' FP8 paths the default plans of the tiny shape leave out: several K-chunks
-    (K 160 and 352 over chunks of 64 and 128), a tile of more rows than a scale row (64 over 32,
-    the scales per weight) with a chunk of one 128-column block, and two sequences through the
-    register tiles (no batched tile), against transformers on the dequantized weights."""
+    (K 160 and 352 over chunks of 64 and 128), a tile whose rows span two scale rows (64 over 32)
+    with a chunk of one 128-column block, and two sequences through the register tiles (no
+    batched tile), against transformers on the dequantized weights."""
     tiny = tiny_checkpoint(**SHAPE)
     real = write_fp8_checkpoint(tiny)
     model = load_model(str(tiny.folder), device="cpu", dtype=torch.float32, progress=False)
