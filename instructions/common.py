@@ -4,8 +4,9 @@ and the row-block GEMV core.
 FP8 weights (``models/qwen3/fp8.py``): where a projection's pointer is to float8e4nv, the GEMV
 core also reads its float32 block scales (``ws_ptr``: row r, column k has scale
 ``ws[r // SB, k // 128]``) and decodes them in registers with integer ops (``e4m3_lane``),
-scaling each 128-column block's partial sum (``fp8_dot``); activations stay float32. The weight pointer's element type is a compile-time property, so 16-bit
-weights compile as they did before FP8 existed.
+scaling each 128-column block's partial sum (``fp8_dot``); activations stay float32. The weight
+pointer's element type is a compile-time property, so 16-bit weights compile as they did before
+FP8 existed.
 
 Memory ordering (docs/design.md, "Memory ordering"): a consumer's poll is a scalar
 ``atomic_add(ptr, 0, sem="acquire")``, which Triton lowers to one ``ld.acquire.gpu`` on one
