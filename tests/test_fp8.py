@@ -414,3 +414,72 @@ def test_fp8_weights_save_in_qwens_layout_and_load_back(tmp_path):
         assert torch.equal(getattr(back, name).view(torch.uint8), getattr(w, name).view(torch.uint8))
         assert torch.equal(getattr(back, name + "_scale"), getattr(w, name + "_scale"))
     assert torch.equal(back.dequantized().wqkv, w.dequantized().wqkv)
+
+
+# ---------------------------------------------------------------------------------------------
+# The batch-1 register tiles' e4m3 decode (integer ops, ``instructions.common.e4m3_lane``)
+
+
+import triton  # noqa: E402  (after megakernel, which picks the interpreter on the CPU)
+import triton.language as tl  # noqa: E402
+
+from instructions.common import FP8_POST, FP8_PRE, e4m3_lane  # noqa: E402
+
+
+@triton.jit
+def _decode(w_ptr, s_ptr, raw_ptr, out_ptr, N: tl.constexpr):
+    """The words as ``load_w`` reads them, each byte lane decoded (raw), then times the powers of
+    two the tiles fold into the input (FP8_PRE) and the row sums (FP8_POST) and the scale (out)."""
+    i = tl.arange(0, N // 4)
+    w = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + i)
+    s = tl.load(s_ptr)
+    for j in tl.static_range(4):
+        f = e4m3_lane(w, j)
+        tl.store(raw_ptr + 4 * i + j, f)
+        tl.store(out_ptr + 4 * i + j, f * FP8_PRE * s * FP8_POST)
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0 ** -20, 3.0e-4, 0.75])
+def test_e4m3_integer_decode_is_exact_for_every_byte(scale):
+    """Every e4m3 byte but NaN (normal, subnormal, both zeros, both signs): the integer decode is
+    the value times 2^-120 bit for bit, and with the scale's powers of two folded in, the product
+    is the reference's ``fp8.float() * scale`` bit for bit."""
+    codes = torch.tensor([b for b in range(256) if b not in (0x7F, 0xFF)], dtype=torch.uint8)
+    codes = torch.cat([codes, codes[:2]])          # 256 bytes: whole words
+    fp8 = codes.view(torch.float8_e4m3fn)
+    raw, out = torch.empty(256), torch.empty(256)
+    _decode[(1,)](fp8, torch.tensor([scale]), raw, out, N=256)
+    want = fp8.float() * 2.0 ** -120
+    assert torch.equal(raw.view(torch.int32), want.view(torch.int32)), "decode differs from value * 2^-120"
+    sub = ((codes & 0x78) == 0) & ((codes & 0x07) != 0)      # e4m3 subnormals: float32 denormals here
+    assert int(sub[:254].sum()) == 14 and bool((raw[sub] != 0).all()) and bool((raw[sub].abs() < 2.0 ** -126).all())
+    assert torch.equal(out.view(torch.int32), (fp8.float() * torch.tensor(scale)).view(torch.int32))
+
+
+REGISTER_PATHS = dict(BATCHED=0, R_QKV=8, R_O=64, R_GU=8, R_DOWN=64, R_LM=8, BK_H=64, BK_Q=128, BK_I=128)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_fp8_register_tiles_every_path(tiny_checkpoint, seed, batch):
+    """The register tiles' FP8 paths the default plans of the tiny shape leave out: several K-chunks
+    (K 160 and 352 over chunks of 64 and 128), a tile whose rows span two scale rows (64 over 32)
+    with a chunk of one 128-column block, and two sequences through the register tiles (no
+    batched tile), against transformers on the dequantized weights."""
+    tiny = tiny_checkpoint(**SHAPE)
+    real = write_fp8_checkpoint(tiny)
+    model = load_model(str(tiny.folder), device="cpu", dtype=torch.float32, progress=False)
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, tiny.vocab_size, (n,), generator=g) for n in (4, 6)[:batch]]
+    mk = MegaQwen3(model, backend="megakernel", batch_size=batch, max_seq_len=10, plan_overrides=REGISTER_PATHS)
+    plan = mk.backend.plan
+    assert plan.FP8 == 1 and plan.BATCHED == 0 and plan.SCALE_ROWS == 32
+    assert (plan.R_O, plan.BK_Q, plan.BK_H) == (64, 128, 64)
+    mk.prefill(prompts)
+    tokens, logits = [mk.tokens.tolist()], [mk.logits.clone()]
+    mk.step()
+    tokens.append(mk.tokens.tolist())
+    logits.append(mk.logits.clone())
+    for b, prompt in enumerate(prompts):
+        want = oracle_logits(tiny, real, prompt, [t[b] for t in tokens[:-1]])
+        for i, (ours, theirs) in enumerate(zip([lg[b] for lg in logits], want)):
+            assert rel(ours, theirs) < 1e-5, f"sequence {b}, step {i}: relative error {rel(ours, theirs):.2e}"
