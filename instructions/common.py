@@ -3,10 +3,9 @@ and the row-block GEMV core.
 
 FP8 weights (``models/qwen3/fp8.py``): where a projection's pointer is to float8e4nv, the GEMV
 core also reads its float32 block scales (``ws_ptr``: row r, column k has scale
-``ws[r // SB, k // 128]``) and decodes them in registers with integer ops (``e4m3_lane``),
-scaling each 128-column block's partial sum (``fp8_dot``); activations stay float32. The weight
-pointer's element type is a compile-time property, so 16-bit weights compile as they did before
-FP8 existed.
+``ws[r // SB, k // 128]``) and dequantizes in registers; activations and float32 accumulation are
+as for 16-bit weights. The weight pointer's element type is a compile-time property, so 16-bit
+weights compile as they did before FP8 existed.
 
 Memory ordering (docs/design.md, "Memory ordering"): a consumer's poll is a scalar
 ``atomic_add(ptr, 0, sem="acquire")``, which Triton lowers to one ``ld.acquire.gpu`` on one
@@ -96,41 +95,11 @@ def rms_rstd(x_ptr, K: tl.constexpr, eps, BK: tl.constexpr):
 def load_w(w_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, BK: tl.constexpr):
     """Weight block rows [row0, min(row0+R, row_end)) x columns [k0, k0+BK) of a row-major
     [N, K] matrix. Weights are read once per step: evict them first so activations keep the
-    cache. FP8 weights come as [R, BK / 4] int32 words of four e4m3 bytes each (``e4m3_lane``)."""
+    cache."""
     r = row0 + tl.arange(0, R)
-    if w_ptr.dtype.element_ty == tl.float8e4nv:
-        tl.static_assert(K % 4 == 0, "FP8 rows are read as 4-byte words: K must be a multiple of 4")
-        KW: tl.constexpr = K // 4
-        i = k0 // 4 + tl.arange(0, BK // 4)
-        w = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + r[:, None] * KW + i[None, :],
-                    mask=(r[:, None] < row_end) & (i[None, :] < KW), other=0, eviction_policy=W_EVICT,
-                    cache_modifier=W_CACHE)
-    else:
-        k = k0 + tl.arange(0, BK)
-        w = tl.load(w_ptr + r[:, None] * K + k[None, :], mask=(r[:, None] < row_end) & (k[None, :] < K),
-                    other=0.0, eviction_policy=W_EVICT, cache_modifier=W_CACHE)
-    return w
-
-
-# FP8 weights are decoded with integer ops, not the conversion unit (a cvt per weight bounds the tile
-# below the FP8 memory floor on Hopper). The float32 with bits sign << 31 | (e4m3 & 0x7f) << 20 is
-# the e4m3 value times 2^-120, exactly, for normal and subnormal e4m3 alike (NaN, 0x7f, is not
-# kept: Qwen's weights have none). The 2^-120 is undone in two exact powers of two, FP8_PRE on the
-# input and FP8_POST on the row sums, so neither the input (|x| < 2^64) overflows nor a product of
-# ordinary size (|weight * x| above 2^-70) falls into float32's denormals.
-E4M3_BITS: tl.constexpr = tl.constexpr(0x87F00000 - (1 << 32))     # sign | 7 bits at 20..26, as int32
-FP8_PRE: tl.constexpr = tl.constexpr(2.0 ** 64)
-FP8_POST: tl.constexpr = tl.constexpr(2.0 ** 56)
-
-
-@triton.jit
-def e4m3_lane(w, J: tl.constexpr):
-    """Byte J (column 4i + J, little-endian) of each int32 word of ``load_w``'s FP8 block as float32
-    times 2^-120: the byte moved to the top, shifted arithmetically by 4 (the sign lands on bit 31
-    and, repeated, on 27..30, which the mask clears), masked; three integer ops, two for byte 3."""
-    if J < 3:
-        w = w << (24 - 8 * J)
-    return ((w >> 4) & E4M3_BITS).to(tl.float32, bitcast=True)
+    k = k0 + tl.arange(0, BK)
+    return tl.load(w_ptr + r[:, None] * K + k[None, :], mask=(r[:, None] < row_end) & (k[None, :] < K),
+                   other=0.0, eviction_policy=W_EVICT, cache_modifier=W_CACHE)
 
 
 @triton.jit
@@ -153,36 +122,19 @@ def load_s(w_ptr, ws_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, B
 
 
 @triton.jit
-def fp8_dot(w, s, x, R: tl.constexpr, BK: tl.constexpr):
-    """Row sums of an FP8 block (``load_w``'s words, ``load_s``' scales) times the input chunk
-    ``x`` (``load_xnv``'s four strided lanes, times FP8_PRE), times 2^-56 (FP8_POST undoes it).
-    One FMA a weight: each 128-column block's partial sum is scaled, not each weight (so the sum
-    rounds differently from the reference's on dequantized weights, within float32's precision);
-    the input, read once per instruction, is scaled by FP8_PRE once, not per tile, and stays in
-    the layout the products want."""
-    f0 = e4m3_lane(w, 0)
-    f1 = e4m3_lane(w, 1)
-    f2 = e4m3_lane(w, 2)
-    f3 = e4m3_lane(w, 3)
-    x0, x1, x2, x3 = x
-    p = f0 * x0[None, :] + f1 * x1[None, :] + f2 * x2[None, :] + f3 * x3[None, :]
-    if BK > 128:
-        NB: tl.constexpr = BK // 128
-        acc = tl.sum(tl.sum(tl.reshape(p, (R, NB, 32)), axis=2) * s, axis=1)
+def wf32(w, s, R: tl.constexpr, BK: tl.constexpr):
+    """A [R, BK] weight block in float32: 16-bit weights converted; FP8 ones times their block's
+    scale (``load_s``), elementwise as ``models.qwen3.fp8`` dequantizes, so the product is the
+    reference's weight exactly."""
+    if w.dtype == tl.float8e4nv:
+        if BK > 128:
+            NB: tl.constexpr = BK // 128
+            wf = tl.reshape(tl.reshape(w.to(tl.float32), (R, NB, 128)) * s[:, :, None], (R, BK))
+        else:
+            wf = w.to(tl.float32) * s
     else:
-        acc = tl.sum(p, axis=1) * tl.sum(s, axis=1)
-    return acc
-
-
-@triton.jit
-def wdot(w, s, x, R: tl.constexpr, BK: tl.constexpr):
-    """Row sums of a weight block times an input chunk: 16-bit weights in float32 times x [BK];
-    FP8 words through ``fp8_dot`` (x its four lanes; the sums times 2^-56)."""
-    if w.dtype == tl.int32:
-        acc = fp8_dot(w, s, x, R, BK)
-    else:
-        acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-    return acc
+        wf = w.to(tl.float32)
+    return wf
 
 
 @triton.jit
@@ -215,98 +167,14 @@ def load_xn(x_ptr, nw_ptr, nw0, eps, K: tl.constexpr, BK: tl.constexpr, NORM: tl
 
 
 @triton.jit
-def _x_lanes(x_ptr, k0, K: tl.constexpr, BK: tl.constexpr, CG: tl.constexpr):
-    """Columns k0 + 4i + j, j = 0..3, i < BK / 4, of a row as four float32 vectors (0 past K): the
-    input in the order of an FP8 block's words (``e4m3_lane``). CG: read through L2 (activations)."""
-    c = k0 + 4 * tl.arange(0, BK // 4)
-    if CG:
-        x0 = tl.load(x_ptr + c, mask=c < K, other=0.0, cache_modifier=".cg").to(tl.float32)
-        x1 = tl.load(x_ptr + c + 1, mask=c + 1 < K, other=0.0, cache_modifier=".cg").to(tl.float32)
-        x2 = tl.load(x_ptr + c + 2, mask=c + 2 < K, other=0.0, cache_modifier=".cg").to(tl.float32)
-        x3 = tl.load(x_ptr + c + 3, mask=c + 3 < K, other=0.0, cache_modifier=".cg").to(tl.float32)
-    else:
-        x0 = tl.load(x_ptr + c, mask=c < K, other=0.0).to(tl.float32)
-        x1 = tl.load(x_ptr + c + 1, mask=c + 1 < K, other=0.0).to(tl.float32)
-        x2 = tl.load(x_ptr + c + 2, mask=c + 2 < K, other=0.0).to(tl.float32)
-        x3 = tl.load(x_ptr + c + 3, mask=c + 3 < K, other=0.0).to(tl.float32)
-    return x0, x1, x2, x3
-
-
-@triton.jit
-def _x_scaled(x0, x1, x2, x3, rstd, nw, NORM: tl.constexpr):
-    """FP8 input lanes times FP8_PRE and, with NORM, times rstd and the norm weight's lanes ``nw``
-    (the power of two folded into rstd: exact, so the same as scaling afterwards)."""
-    if NORM:
-        rs = rstd * FP8_PRE
-        n0, n1, n2, n3 = nw
-        x0 = x0 * rs * n0
-        x1 = x1 * rs * n1
-        x2 = x2 * rs * n2
-        x3 = x3 * rs * n3
-    else:
-        x0 = x0 * FP8_PRE
-        x1 = x1 * FP8_PRE
-        x2 = x2 * FP8_PRE
-        x3 = x3 * FP8_PRE
-    return x0, x1, x2, x3
-
-
-@triton.jit
-def load_nwv(w_ptr, nw_ptr, K: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr):
-    """``load_nw`` in the form the tiles of ``w_ptr`` read: for FP8 weights its four lanes
-    (``_x_lanes``)."""
-    if w_ptr.dtype.element_ty == tl.float8e4nv:
-        if NORM:
-            nw = _x_lanes(nw_ptr, 0, K, BK, False)
-        else:
-            z = tl.zeros([BK // 4], dtype=tl.float32)
-            nw = (z, z, z, z)
-    else:
-        nw = load_nw(nw_ptr, K, BK, NORM)
-    return nw
-
-
-@triton.jit
-def load_xnv(w_ptr, x_ptr, nw_ptr, nw0, eps, K: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr):
-    """``load_xn`` in the form the tiles of ``w_ptr`` read (``nw0`` from ``load_nwv``): for FP8
-    weights the input chunk as four lanes (``_x_lanes``)."""
-    if w_ptr.dtype.element_ty == tl.float8e4nv:
-        x0, x1, x2, x3 = _x_lanes(x_ptr, 0, K, BK, True)
-        rstd = 1.0
-        if NORM:
-            if K <= BK:
-                rstd = 1.0 / tl.sqrt(tl.sum(x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3, axis=0) / K + eps)
-            else:
-                rstd = rms_rstd(x_ptr, K, eps, BK)
-        xv = _x_scaled(x0, x1, x2, x3, rstd, nw0, NORM)
-    else:
-        xv, rstd = load_xn(x_ptr, nw_ptr, nw0, eps, K, BK, NORM)
-    return xv, rstd
-
-
-@triton.jit
-def _load_xkv(w_ptr, x_ptr, nw_ptr, rstd, k0, K: tl.constexpr, NORM: tl.constexpr, BK: tl.constexpr):
-    """``_load_xk`` in the form the tiles of ``w_ptr`` read (FP8: four lanes)."""
-    if w_ptr.dtype.element_ty == tl.float8e4nv:
-        x0, x1, x2, x3 = _x_lanes(x_ptr, k0, K, BK, True)
-        nw = (x0, x1, x2, x3)          # (unread without NORM)
-        if NORM:
-            nw = _x_lanes(nw_ptr, k0, K, BK, False)
-        xv = _x_scaled(x0, x1, x2, x3, rstd, nw, NORM)
-    else:
-        xv = _load_xk(x_ptr, nw_ptr, rstd, k0, K, NORM, BK)
-    return xv
-
-
-@triton.jit
 def dot_rows(w_ptr, ws_ptr, w0, s0, xn0, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, rstd,
              NORM: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr):
     """acc[r] = sum_k W[row0 + r, k] * v[k] for r < R, where v = x (float32, read through L2) or,
     with NORM, v = x * rstd * norm_weight. ``w0`` and ``xn0`` are the first K-chunk of the weights
-    and of v, already loaded (``s0``: the chunk's FP8 scales, ``load_s``; ``xn0`` from
-    ``load_xnv``). Where K takes several chunks, each chunk's loads are issued before the previous
-    chunk's product (two chunks in registers), so a tile waits on memory once, not once per chunk;
-    the sums are added in the same order either way."""
+    and of v, already loaded (``s0``: the chunk's FP8 scales, ``load_s``). Where K takes several
+    chunks, each chunk's loads are issued before the previous chunk's product (two chunks in
+    registers), so a tile waits on memory once, not once per chunk; the sums are added in the same
+    order either way."""
     return dot_rows2(w_ptr, w_ptr, ws_ptr, ws_ptr, w0, w0, s0, s0, xn0, row0, row_end, K, x_ptr, nw_ptr, rstd,
                      NORM, R, BK, SB, False)[0]
 
@@ -320,10 +188,10 @@ def dot_rows2(a_ptr, b_ptr, as_ptr, bs_ptr, a0, b0, sa0, sb0, xn0, row0, row_end
     tile of 32b's gate/up, K 5120, is two chunks). Returns (acc_a, acc_b); acc_b is acc_a without
     TWO. Each sum is added in ``dot_rows``' order."""
     if K <= BK:
-        acc_a = wdot(a0, sa0, xn0, R, BK)
+        acc_a = tl.sum(wf32(a0, sa0, R, BK) * xn0[None, :], axis=1)
         acc_b = acc_a
         if TWO:
-            acc_b = wdot(b0, sb0, xn0, R, BK)
+            acc_b = tl.sum(wf32(b0, sb0, R, BK) * xn0[None, :], axis=1)
     else:
         a = load_w(a_ptr, row0, row_end, K, BK, R, BK)
         sa = load_s(a_ptr, as_ptr, row0, row_end, K, BK, R, BK, SB)
@@ -332,11 +200,11 @@ def dot_rows2(a_ptr, b_ptr, as_ptr, bs_ptr, a0, b0, sa0, sb0, xn0, row0, row_end
         if TWO:
             b = load_w(b_ptr, row0, row_end, K, BK, R, BK)
             sb = load_s(b_ptr, bs_ptr, row0, row_end, K, BK, R, BK, SB)
-        x = _load_xkv(a_ptr, x_ptr, nw_ptr, rstd, BK, K, NORM, BK)
-        acc_a = wdot(a0, sa0, xn0, R, BK)
+        x = _load_xk(x_ptr, nw_ptr, rstd, BK, K, NORM, BK)
+        acc_a = tl.sum(wf32(a0, sa0, R, BK) * xn0[None, :], axis=1)
         acc_b = acc_a
         if TWO:
-            acc_b = wdot(b0, sb0, xn0, R, BK)
+            acc_b = tl.sum(wf32(b0, sb0, R, BK) * xn0[None, :], axis=1)
         for k0 in range(2 * BK, K, BK):
             a_next = load_w(a_ptr, row0, row_end, K, k0, R, BK)
             sa_next = load_s(a_ptr, as_ptr, row0, row_end, K, k0, R, BK, SB)
@@ -345,21 +213,18 @@ def dot_rows2(a_ptr, b_ptr, as_ptr, bs_ptr, a0, b0, sa0, sb0, xn0, row0, row_end
             if TWO:
                 b_next = load_w(b_ptr, row0, row_end, K, k0, R, BK)
                 sb_next = load_s(b_ptr, bs_ptr, row0, row_end, K, k0, R, BK, SB)
-            x_next = _load_xkv(a_ptr, x_ptr, nw_ptr, rstd, k0, K, NORM, BK)
-            acc_a += wdot(a, sa, x, R, BK)
+            x_next = _load_xk(x_ptr, nw_ptr, rstd, k0, K, NORM, BK)
+            acc_a += tl.sum(wf32(a, sa, R, BK) * x[None, :], axis=1)
             if TWO:
-                acc_b += wdot(b, sb, x, R, BK)
+                acc_b += tl.sum(wf32(b, sb, R, BK) * x[None, :], axis=1)
             a = a_next
             b = b_next
             sa = sa_next
             sb = sb_next
             x = x_next
-        acc_a += wdot(a, sa, x, R, BK)
+        acc_a += tl.sum(wf32(a, sa, R, BK) * x[None, :], axis=1)
         if TWO:
-            acc_b += wdot(b, sb, x, R, BK)
-    if a_ptr.dtype.element_ty == tl.float8e4nv:
-        acc_a = acc_a * FP8_POST
-        acc_b = acc_b * FP8_POST
+            acc_b += tl.sum(wf32(b, sb, R, BK) * x[None, :], axis=1)
     return acc_a, acc_b
 
 
@@ -415,7 +280,7 @@ def gemv_rows(t, w0, s0, xn0, rstd, row_end, w_ptr, ws_ptr, in_ptr, nw_ptr, nw0,
     key = tl.full([], KEY_EMPTY, tl.int64)
     for b in range(B):
         if B > 1:
-            xn0, rstd = load_xnv(w_ptr, in_ptr + b * K, nw_ptr, nw0, eps, K, BK, NORM)
+            xn0, rstd = load_xn(in_ptr + b * K, nw_ptr, nw0, eps, K, BK, NORM)
         if EPI == RESIDUAL:
             # the rows this tile adds to, asked for before its math so the two overlap
             res = tl.load(out_ptr + b * N + rows, mask=rows < row_end, other=0.0, cache_modifier=".cg")
@@ -509,7 +374,7 @@ def gemv_rows_tiles(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr
         row_end = tl.minimum(t1 * R, N)
     w0 = load_w(w_ptr, t0 * R, row_end, K, 0, R, BK)
     s0 = load_s(w_ptr, ws_ptr, t0 * R, row_end, K, 0, R, BK, SB)
-    nw0 = load_nwv(w_ptr, nw_ptr, K, BK, NORM)
+    nw0 = load_nw(nw_ptr, K, BK, NORM)
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
@@ -518,11 +383,8 @@ def gemv_rows_tiles(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr
         # round trip each; this barrier keeps them issued together
         tl.debug_barrier()
     stamp(tr, T_WAITED, seen, TRACE)
-    xn0, rstd = load_xnv(w_ptr, in_ptr, nw_ptr, nw0, eps, K, BK, NORM)
-    if w_ptr.dtype.element_ty == tl.float8e4nv:
-        stamp(tr, T_INPUT, tl.sum(xn0[0], axis=0), TRACE)
-    else:
-        stamp(tr, T_INPUT, tl.sum(xn0, axis=0), TRACE)
+    xn0, rstd = load_xn(in_ptr, nw_ptr, nw0, eps, K, BK, NORM)
+    stamp(tr, T_INPUT, tl.sum(xn0, axis=0), TRACE)
     kmax = tl.full([], KEY_EMPTY, tl.int64)
     if POOL > 0:
         t = t0

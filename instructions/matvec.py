@@ -18,7 +18,7 @@ import triton.language as tl
 from scheduler.kinds import Op
 
 from .common import (ARGMAX, GATEUP, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, batch_tiles, claim,
-                     dot_rows2, gemv_tile, load_nwv, load_s, load_w, load_xnv, next_tile, stamp, wait_counter)
+                     dot_rows2, gemv_tile, load_nw, load_s, load_w, load_xn, next_tile, stamp, wait_counter)
 from .kind import DeviceKind, weight_rows
 
 
@@ -69,12 +69,12 @@ def gateup_rows_tiles(t0, t1, layer, x_ptr, wgu_ptr, wgus_ptr, postnorm_ptr, act
     u0 = load_w(u_ptr, t0 * R, row_end, H, 0, R, BK)
     gs0 = load_s(g_ptr, gs_ptr, t0 * R, row_end, H, 0, R, BK, SB)
     us0 = load_s(u_ptr, us_ptr, t0 * R, row_end, H, 0, R, BK, SB)
-    nw0 = load_nwv(g_ptr, nw_ptr, H, BK, True)
+    nw0 = load_nw(nw_ptr, H, BK, True)
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
     stamp(tr, T_WAITED, seen, TRACE)
-    xn0, rstd = load_xnv(g_ptr, x_ptr, nw_ptr, nw0, eps, H, BK, True)
+    xn0, rstd = load_xn(x_ptr, nw_ptr, nw0, eps, H, BK, True)
     stamp(tr, T_INPUT, rstd, TRACE)
     if POOL > 0:
         t = t0
@@ -114,7 +114,7 @@ def _gateup_rows(t, g0, u0, gs0, us0, xn0, rstd, row_end, g_ptr, u_ptr, gs_ptr, 
     rows = t * R + tl.arange(0, R)
     for b in range(B):
         if B > 1:
-            xn0, rstd = load_xnv(g_ptr, x_ptr + b * H, nw_ptr, nw0, eps, H, BK, True)
+            xn0, rstd = load_xn(x_ptr + b * H, nw_ptr, nw0, eps, H, BK, True)
         gate, up = dot_rows2(g_ptr, u_ptr, gs_ptr, us_ptr, g0, u0, gs0, us0, xn0, t * R, row_end, H, x_ptr + b * H,
                              nw_ptr, rstd, True, R, BK, SB, True)
         act = gate / (1.0 + tl.exp(-gate)) * up
