@@ -4,6 +4,8 @@ cache, for prompts that cross chunk boundaries and for batches of prompts of dif
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -144,3 +146,89 @@ def test_default_chunk_is_bounded_by_the_activation_budget():
         assert (n + 1) * per > qwen3_prefill.PREFILL_ACT_BYTES or n == qwen3_prefill.PREFILL_MIN_CHUNK, name
     assert qwen3_prefill.default_chunk(PRESETS["0.6b"], torch.bfloat16) >= 32768
     assert qwen3_prefill.default_chunk(PRESETS["32b"], torch.bfloat16) < 32768
+
+
+def _chunk_descriptors(lengths):
+    """Each packed token's (sequence, position), as prefill builds them."""
+    seq = torch.arange(len(lengths)).repeat_interleave(torch.tensor(lengths))
+    pos = torch.cat([torch.arange(n) for n in lengths])
+    return seq, pos
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(6, 2, 16), (4, 4, 12)], ids=["gqa3", "gqa1-d12"])
+def test_fused_qk_norm_rope_cache_matches_torch(seed, heads, kv_heads, head_dim):
+    """The Triton kernel (interpreted here) against Hugging Face's formulas (``reference.rmsnorm``,
+    ``apply_rope``) and against the torch fallback on fresh random q|k|v, norm weights and positions:
+    a batch of three sequences packed into chunks of 8, so pieces of a sequence cross a chunk, and
+    a head_dim that is not a power of two."""
+    from models.qwen3 import prefill_kernels
+    from models.qwen3.config import Qwen3Config
+    from models.qwen3.reference import apply_rope, rmsnorm, rope_cos_sin
+
+    g = torch.Generator().manual_seed(seed)
+    cfg = Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, head_dim=head_dim, rope_theta=10_000.0)
+    L, D = cfg.num_hidden_layers, head_dim
+    w = SimpleNamespace(q_norm=1 + 0.3 * torch.randn(L, D, generator=g), k_norm=1 + 0.3 * torch.randn(L, D, generator=g),
+                        dtype=torch.float32)
+    lengths, chunk = [5, 11, 3], 8
+    seq, pos = _chunk_descriptors(lengths)
+    cos, sin = rope_cos_sin(pos, D, cfg.rope_theta, torch.float32)
+    ours = KVCache.allocate(cfg, len(lengths), 16, torch.float32, "cpu")
+    fallback = KVCache.allocate(cfg, len(lengths), 16, torch.float32, "cpu")
+    torch_path = qwen3_prefill._TorchQKRope(cfg, w, cos, sin)
+    plan = plan_chunks(lengths, chunk)
+    assert any(p0 > 0 for pieces in plan for _, p0, _, _ in pieces), "a sequence crosses a chunk"
+    for c, pieces in enumerate(plan):
+        c0, n = c * chunk, sum(m for *_, m in pieces)
+        for l in range(L):
+            qkv = 3 * torch.randn(n, cfg.qkv_size, generator=g)
+            q = torch.empty(n, heads, D)
+            span = slice(c0, c0 + n)
+            prefill_kernels.qk_norm_rope_cache(qkv, w.q_norm[l], w.k_norm[l], cos[span], sin[span], seq[span],
+                                               pos[span], ours.k[l], ours.v[l], q, cfg.rms_norm_eps)
+            q_torch = torch_path(qkv, l, c0, pieces, fallback)
+            q_hf = apply_rope(rmsnorm(qkv[:, :cfg.q_size].view(n, heads, D), w.q_norm[l], cfg.rms_norm_eps),
+                              cos[span, None], sin[span, None])
+            assert rel_err(q, q_hf) < 1e-6 and rel_err(q_torch, q_hf) < 1e-6, f"chunk {c}, layer {l}: queries"
+            k_hf = apply_rope(rmsnorm(qkv[:, cfg.q_size:cfg.q_size + cfg.kv_size].view(n, kv_heads, D), w.k_norm[l],
+                                      cfg.rms_norm_eps), cos[span, None], sin[span, None])
+            for b, p0, o, m in pieces:
+                assert rel_err(ours.k[l, b, :, p0:p0 + m], k_hf[o:o + m].transpose(0, 1)) < 1e-6
+                assert torch.equal(ours.v[l, b, :, p0:p0 + m],
+                                   qkv[o:o + m, cfg.q_size + cfg.kv_size:].view(m, kv_heads, D).transpose(0, 1))
+    # the kernel wrote exactly where the torch path did: each prompt's positions and nothing more
+    for b, n in enumerate(lengths):
+        assert ours.k[:, b, :, :n].all() and not ours.k[:, b, :, n:].any() and not ours.v[:, b, :, n:].any()
+    assert rel_err(ours.k, fallback.k) < 1e-6 and torch.equal(ours.v, fallback.v)
+
+
+def test_fused_silu_mul_matches_torch(seed):
+    from models.qwen3 import prefill_kernels
+    g = torch.Generator().manual_seed(seed)
+    for n, inter in [(7, 40), (3, 1500)]:      # one column block, and several with a ragged last
+        gate_up = 4 * torch.randn(n, 2 * inter, generator=g)
+        out = prefill_kernels.silu_mul(gate_up, torch.empty(n, inter))
+        want = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        assert rel_err(out, want) < 1e-6
+
+
+def test_torch_fallback_matches_hf_and_the_kernels(tiny_checkpoint, seed, monkeypatch):
+    """Where the kernels cannot run (prefill_kernels.supported false), the torch ops give HF's
+    logits and cache, and the same as the kernels to float32 rounding, on a batch across chunks."""
+    tiny = tiny_checkpoint(**SHAPES["gqa5-odd"])
+    model = load_model(str(tiny.folder), device="cpu", progress=False)
+    prompts = [random_prompt(n, tiny.vocab_size, seed + i) for i, n in enumerate([7 + seed % 5, 2, 10])]
+
+    def run():
+        cache = KVCache.allocate(model.config, len(prompts), 20, torch.float32, "cpu")
+        return prefill(model.config, model.weights, cache, [torch.tensor(p) for p in prompts], chunk_size=6), cache
+
+    fused_logits, fused = run()
+    monkeypatch.setattr(qwen3_prefill.prefill_kernels, "supported", lambda *a: False)
+    monkeypatch.setattr(qwen3_prefill.prefill_kernels, "qk_norm_rope_cache", None)   # never called
+    monkeypatch.setattr(qwen3_prefill.prefill_kernels, "silu_mul", None)
+    logits, cache = run()
+    assert_matches_hf(tiny, cache, logits, prompts)
+    assert rel_err(logits, fused_logits) < 1e-6
+    assert rel_err(cache.k, fused.k) < 1e-6 and rel_err(cache.v, fused.v) < 1e-6

@@ -4,18 +4,21 @@ The prompts of a batch are packed back to back into one token stream (no padding
 which is cut into chunks of at most ``chunk_size`` tokens (by default as many as an activation budget
 holds: most prompts are one chunk); each chunk goes through every layer before the next one starts,
 so activations stay bounded by the chunk however long the prompt is. Per layer:
-the input RMSNorm, one fused QKV GEMM, q/k RMSNorm and RoPE over all heads at once, the chunk's keys
-and values written into the KV cache in the layout the decode kernels read (``[layers, batch,
-kv_heads, max_seq_len, head_dim]``), then attention for each piece of a sequence in the chunk: its
-queries against its sequence's cache up to and including itself, causal from the lower right
-(``causal_lower_right``), then O projection and MLP with the residual adds fused into the GEMMs
-(``addmm_``). Only the last position of each sequence reaches the final norm and the LM head.
+the input RMSNorm, one fused QKV GEMM, then one Triton kernel (``prefill_kernels``) for q/k RMSNorm
+and RoPE over all heads, writing the rotated queries for SDPA and the chunk's keys and values into
+the KV cache in the layout the decode kernels read (``[layers, batch, kv_heads, max_seq_len,
+head_dim]``), then attention for each piece of a sequence in the chunk: its queries against its
+sequence's cache up to and including itself, causal from the lower right (``causal_lower_right``),
+then O projection and MLP (SiLU(gate) * up one more Triton kernel) with the residual adds fused
+into the GEMMs (``addmm_``). Only the last position of each sequence reaches the final norm and the
+LM head. That is nine launches a layer for a chunk of one piece; where the Triton kernels cannot
+run, torch ops do the same work in seventeen.
 
 The chunk plan is made on the host from the prompt lengths before any work, so the loop issues
 kernels without waiting on the device. Numerics follow Hugging Face's Qwen3 as the reference does;
-in bf16 a few roundings fall differently (fused RMSNorm and residual adds, the q/k norm weights
-folded into the RoPE tables), all within bf16 rounding. On the CPU the same code runs in float32
-through SDPA's CPU kernels.
+in bf16 a few roundings fall differently (fused RMSNorm and residual adds, the q/k norm and RoPE
+in float32 with one rounding), all within bf16 rounding. On the CPU the same code runs in float32
+through SDPA's CPU kernels and Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch.nn.functional as F
 from torch.backends.cuda import SDPAParams, can_use_flash_attention
 from torch.nn.attention.bias import causal_lower_right
 
+from . import prefill_kernels
 from .config import Qwen3Config
 from .reference import KVCache, rope_cos_sin
 from .weights import Qwen3Weights
@@ -74,19 +78,19 @@ def plan_chunks(lengths: Sequence[int], chunk_size: int) -> list[list[tuple[int,
 
 
 def _flash_takes_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether SDPA's flash backend takes this call with k/v at their own head count. Flash reads
+    """Whether SDPA's flash backend takes ``attend(q, k, v)`` with k/v at their own head count
+    (it depends on dtypes, head counts and layouts, not on the lengths). Flash reads
     grouped heads natively on both routes (``is_causal`` and ``causal_lower_right``, which calls
     the flash kernel directly); elsewhere k/v are expanded to every query head, as SDPA's math
     backend would do itself, because the lower-right route's efficient kernel gets no GQA handling."""
-    return q.is_cuda and can_use_flash_attention(SDPAParams(q, k, v, None, 0.0, False, True))
+    return q.is_cuda and can_use_flash_attention(SDPAParams(q[None], k[None], v[None], None, 0.0, False, True))
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> torch.Tensor:
     """Causal attention of T queries at the last T of S key positions: q [Hq, T, D], k and v
-    [Hkv, S, D] with S >= T. Returns [T, Hq, D]."""
+    [Hkv, S, D] with S >= T; ``gqa``: ``_flash_takes_gqa`` of such a call. Returns [T, Hq, D]."""
     q, k, v = q[None], k[None], v[None]
     T, S = q.shape[2], k.shape[2]
-    gqa = _flash_takes_gqa(q, k, v)
     if not gqa and q.shape[1] != k.shape[1]:
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -123,45 +127,41 @@ def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence
 
     dev = w.device
     lengths = [p.numel() for p in ids]
-    # One upload for the whole batch: token ids and their positions, packed.
-    packed = torch.stack((torch.cat(ids).long(), torch.cat([torch.arange(n) for n in lengths]))).to(dev)
-    tokens, positions = packed[0], packed[1]
+    # One upload for the whole batch, packed: token ids, positions, and each token's sequence.
+    packed = torch.stack((torch.cat(ids).long(), torch.cat([torch.arange(n) for n in lengths]),
+                          torch.arange(len(ids)).repeat_interleave(torch.tensor(lengths)))).to(dev)
+    tokens, positions, seqs = packed[0], packed[1], packed[2]
     H, D, Hq, Hkv = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    L, G, eps, half = cfg.num_hidden_layers, cfg.group_size, cfg.rms_norm_eps, cfg.head_dim // 2
-    # q/k RMSNorm weight and RoPE in one table pair per token, so that norm + weight + RoPE is
-    # three passes over q and k: with y = x * w, RoPE(y) = x * (w cos) + rotate_half(x) * (roll(w) sin'),
-    # where sin' is sin with its first half negated. The q and k heads are viewed as G + 1 groups of
-    # Hkv heads (G groups of queries, then the keys), so the tables broadcast over Hkv.
-    norm_w = torch.cat((w.q_norm[:, None].expand(L, G, D), w.k_norm[:, None]), dim=1).float()[:, :, None]
-    norm_w_rolled = norm_w.roll(half, dims=-1)                                # [L, G + 1, 1, D]
+    L, I, eps = cfg.num_hidden_layers, cfg.intermediate_size, cfg.rms_norm_eps
     cos, sin = rope_cos_sin(positions, D, cfg.rope_theta, torch.float32)     # [N, D]
-    sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None, None]
-    cos = cos[:, None, None]                                                  # [N, 1, 1, D]
-    k_end = cfg.q_size + cfg.kv_size
+    fused = prefill_kernels.supported(dev, w.dtype)
+    if not fused:
+        qk_rope = _TorchQKRope(cfg, w, cos, sin)
 
     last: list[torch.Tensor | None] = [None] * len(ids)
+    gqa = None       # whether SDPA's flash backend takes grouped k/v: the same for every piece
     for c, pieces in enumerate(plan_chunks(lengths, chunk_size)):
         c0 = c * chunk_size
         n = sum(m for *_, m in pieces)
-        rope_cos, rope_sin = torch.empty(2, n, G + 1, 1, D, dtype=w.dtype, device=dev)
-        x = w.embed[tokens[c0:c0 + n]]                                        # [n, H]
+        span = slice(c0, c0 + n)
+        cos_c, sin_c, seq_c, pos_c = cos[span], sin[span], seqs[span], positions[span]
+        # rotated queries and SiLU(gate) * up: one buffer each per chunk, rewritten by every layer
+        q = torch.empty(n, Hq, D, dtype=w.dtype, device=dev) if fused else None
+        act = torch.empty(n, I, dtype=w.dtype, device=dev)
+        x = w.embed[tokens[span]]                                          # [n, H]
         for l in range(L):
             h = F.rms_norm(x, (H,), w.input_norm[l], eps)
             qkv = F.linear(h, w.proj("wqkv", l))                              # [n, (Hq + 2 Hkv) D]
-            torch.mul(cos[c0:c0 + n], norm_w[l], out=rope_cos)                 # computed in float32
-            torch.mul(sin[c0:c0 + n], norm_w_rolled[l], out=rope_sin)
-            qkn = F.rms_norm(qkv[:, :k_end].view(n, G + 1, Hkv, D), (D,), eps=eps)
-            qk = qkn * rope_cos
-            qk[..., :half].addcmul_(qkn[..., half:], rope_sin[..., :half])
-            qk[..., half:].addcmul_(qkn[..., :half], rope_sin[..., half:])
-            qk = qk.view(n, Hq + Hkv, D)
-            q, k, v = qk[:, :Hq], qk[:, Hq:], qkv[:, k_end:].view(n, Hkv, D)
+            if fused:
+                prefill_kernels.qk_norm_rope_cache(qkv, w.q_norm[l], w.k_norm[l], cos_c, sin_c, seq_c, pos_c,
+                                                   cache.k[l], cache.v[l], q, eps)
+            else:
+                q = qk_rope(qkv, l, c0, pieces, cache)
             outs = []
             for b, p0, o, m in pieces:
-                cache.k[l, b, :, p0:p0 + m] = k[o:o + m].transpose(0, 1)
-                cache.v[l, b, :, p0:p0 + m] = v[o:o + m].transpose(0, 1)
-                outs.append(attend(q[o:o + m].transpose(0, 1), cache.k[l, b, :, :p0 + m],
-                                   cache.v[l, b, :, :p0 + m]))
+                qkv_piece = q[o:o + m].transpose(0, 1), cache.k[l, b, :, :p0 + m], cache.v[l, b, :, :p0 + m]
+                gqa = _flash_takes_gqa(*qkv_piece) if gqa is None else gqa
+                outs.append(attend(*qkv_piece, gqa))
             attn = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(n, cfg.q_size)
             if reduce is None:
                 x.addmm_(attn, w.proj("wo", l).T)
@@ -169,7 +169,10 @@ def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence
                 x.add_(reduce(attn @ w.proj("wo", l).T))
             h = F.rms_norm(x, (H,), w.post_norm[l], eps)
             gate_up = F.linear(h, w.proj("wgate_up", l))
-            act = F.silu(gate_up[:, :cfg.intermediate_size]).mul_(gate_up[:, cfg.intermediate_size:])
+            if fused:
+                prefill_kernels.silu_mul(gate_up, act)
+            else:
+                torch.mul(F.silu(gate_up[:, :I]), gate_up[:, I:], out=act)
             if reduce is None:
                 x.addmm_(act, w.proj("wdown", l).T)
             else:
@@ -181,3 +184,37 @@ def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence
     logits = F.linear(h, w.lm_head).float()
     cache.lengths.copy_(torch.tensor(lengths, dtype=cache.lengths.dtype))
     return logits
+
+
+class _TorchQKRope:
+    """q/k RMSNorm, RoPE and the cache writes in torch ops, where the Triton kernel does not run.
+    The norm weight is folded into one RoPE table pair per token, so that norm + weight + RoPE is
+    three passes over q and k: with y = x * w, RoPE(y) = x * (w cos) + rotate_half(x) * (roll(w) sin'),
+    where sin' is sin with its first half negated. The q and k heads are viewed as G + 1 groups of
+    Hkv heads (G groups of queries, then the keys), so the tables broadcast over Hkv."""
+
+    def __init__(self, cfg: Qwen3Config, w: Qwen3Weights, cos: torch.Tensor, sin: torch.Tensor):
+        L, G, D, half = cfg.num_hidden_layers, cfg.group_size, cfg.head_dim, cfg.head_dim // 2
+        self.cfg, self.dtype = cfg, w.dtype
+        self.norm_w = torch.cat((w.q_norm[:, None].expand(L, G, D), w.k_norm[:, None]), dim=1).float()[:, :, None]
+        self.norm_w_rolled = self.norm_w.roll(half, dims=-1)                 # [L, G + 1, 1, D]
+        self.sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None, None]
+        self.cos = cos[:, None, None]                                        # [N, 1, 1, D]
+
+    def __call__(self, qkv: torch.Tensor, l: int, c0: int, pieces, cache: KVCache) -> torch.Tensor:
+        cfg, n = self.cfg, qkv.shape[0]
+        G, Hq, Hkv, D, half = cfg.group_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.head_dim // 2
+        k_end = cfg.q_size + cfg.kv_size
+        rope_cos, rope_sin = torch.empty(2, n, G + 1, 1, D, dtype=self.dtype, device=qkv.device)
+        torch.mul(self.cos[c0:c0 + n], self.norm_w[l], out=rope_cos)           # computed in float32
+        torch.mul(self.sin[c0:c0 + n], self.norm_w_rolled[l], out=rope_sin)
+        qkn = F.rms_norm(qkv[:, :k_end].view(n, G + 1, Hkv, D), (D,), eps=cfg.rms_norm_eps)
+        qk = qkn * rope_cos
+        qk[..., :half].addcmul_(qkn[..., half:], rope_sin[..., :half])
+        qk[..., half:].addcmul_(qkn[..., :half], rope_sin[..., half:])
+        qk = qk.view(n, Hq + Hkv, D)
+        k, v = qk[:, Hq:], qkv[:, k_end:].view(n, Hkv, D)
+        for b, p0, o, m in pieces:
+            cache.k[l, b, :, p0:p0 + m] = k[o:o + m].transpose(0, 1)
+            cache.v[l, b, :, p0:p0 + m] = v[o:o + m].transpose(0, 1)
+        return qk[:, :Hq]
