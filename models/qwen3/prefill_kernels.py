@@ -36,48 +36,54 @@ def supported(device: torch.device, dtype: torch.dtype) -> bool:
 def _qk_norm_rope_cache_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr,
                                seq_ptr, pos_ptr, rows, qkv_stride, cache_sb, cache_sh, cache_sp, eps,
                                HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                               BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                               BLOCK_R: tl.constexpr, BLOCK_HALF: tl.constexpr):
     # Row r is head h of token t, heads in the QKV GEMM's order: Hq queries, Hkv keys, Hkv values.
+    # Each head is handled as its two halves, the pairs rotate_half mixes, so every load and store
+    # is a contiguous run of D / 2 elements.
     HT: tl.constexpr = HQ + 2 * HKV
     HALF: tl.constexpr = D // 2
     r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    d = tl.arange(0, BLOCK_D)
+    e = tl.arange(0, BLOCK_HALF)[None, :]
     row_ok = r < rows
     t = r // HT
     h = (r % HT).to(tl.int32)
-    is_q = h < HQ
-    is_k = (h >= HQ) & (h < HQ + HKV)
-    is_v = h >= HQ + HKV
-    col_ok = d < D
-    mask = row_ok[:, None] & col_ok[None, :]
-    # rotate_half pairs column d with d +- D/2 (negated in the first half)
-    partner = tl.where(d < HALF, d + HALF, d - HALF)
+    is_q = (h < HQ)[:, None]
+    is_k = ((h >= HQ) & (h < HQ + HKV))[:, None]
+    is_v = (h >= HQ + HKV)[:, None]
+    col_ok = e < HALF
+    mask = row_ok[:, None] & col_ok
 
-    src = qkv_ptr + (t * qkv_stride + h * D)[:, None]
-    x = tl.load(src + d[None, :], mask=mask, other=0.0).to(tl.float32)
-    xp = tl.load(src + partner[None, :], mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
-    qn = tl.load(q_norm_ptr + d, mask=col_ok, other=0.0).to(tl.float32)
-    kn = tl.load(k_norm_ptr + d, mask=col_ok, other=0.0).to(tl.float32)
-    qnp = tl.load(q_norm_ptr + partner, mask=col_ok, other=0.0).to(tl.float32)
-    knp = tl.load(k_norm_ptr + partner, mask=col_ok, other=0.0).to(tl.float32)
-    y = x * rstd[:, None] * tl.where(is_q[:, None], qn[None, :], kn[None, :])
-    yp = xp * rstd[:, None] * tl.where(is_q[:, None], qnp[None, :], knp[None, :])
-    rot = tl.where((d < HALF)[None, :], -yp, yp)
-    trig = (t * D)[:, None] + d[None, :]
-    cos = tl.load(cos_ptr + trig, mask=mask, other=0.0)
-    sin = tl.load(sin_ptr + trig, mask=mask, other=0.0)
-    out = y * cos + rot * sin
+    src = qkv_ptr + (t * qkv_stride + h * D)[:, None] + e
+    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+    rstd = (1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps))[:, None]
+    w1 = tl.where(is_q, tl.load(q_norm_ptr + e, mask=col_ok, other=0.0).to(tl.float32),
+                  tl.load(k_norm_ptr + e, mask=col_ok, other=0.0).to(tl.float32))
+    w2 = tl.where(is_q, tl.load(q_norm_ptr + HALF + e, mask=col_ok, other=0.0).to(tl.float32),
+                  tl.load(k_norm_ptr + HALF + e, mask=col_ok, other=0.0).to(tl.float32))
+    y1 = x1 * rstd * w1
+    y2 = x2 * rstd * w2
+    trig = (t * D)[:, None] + e
+    cos1 = tl.load(cos_ptr + trig, mask=mask, other=0.0)
+    cos2 = tl.load(cos_ptr + HALF + trig, mask=mask, other=0.0)
+    sin1 = tl.load(sin_ptr + trig, mask=mask, other=0.0)
+    sin2 = tl.load(sin_ptr + HALF + trig, mask=mask, other=0.0)
+    # y * cos + rotate_half(y) * sin, rotate_half(y) = (-y2, y1)
+    o1 = y1 * cos1 - y2 * sin1
+    o2 = y2 * cos2 + y1 * sin2
 
-    tl.store(q_ptr + ((t * HQ + h) * D)[:, None] + d[None, :], out.to(q_ptr.dtype.element_ty),
-             mask=mask & is_q[:, None])
+    q_dst = q_ptr + ((t * HQ + h) * D)[:, None] + e
+    tl.store(q_dst, o1.to(q_ptr.dtype.element_ty), mask=mask & is_q)
+    tl.store(q_dst + HALF, o2.to(q_ptr.dtype.element_ty), mask=mask & is_q)
     b = tl.load(seq_ptr + t, mask=row_ok, other=0).to(tl.int64)
     p = tl.load(pos_ptr + t, mask=row_ok, other=0).to(tl.int64)
     slot = b * cache_sb + p * cache_sp
-    tl.store(k_ptr + (slot + (h - HQ) * cache_sh)[:, None] + d[None, :], out.to(k_ptr.dtype.element_ty),
-             mask=mask & is_k[:, None])
-    tl.store(v_ptr + (slot + (h - HQ - HKV) * cache_sh)[:, None] + d[None, :], x.to(v_ptr.dtype.element_ty),
-             mask=mask & is_v[:, None])
+    k_dst = k_ptr + (slot + (h - HQ) * cache_sh)[:, None] + e
+    tl.store(k_dst, o1.to(k_ptr.dtype.element_ty), mask=mask & is_k)
+    tl.store(k_dst + HALF, o2.to(k_ptr.dtype.element_ty), mask=mask & is_k)
+    v_dst = v_ptr + (slot + (h - HQ - HKV) * cache_sh)[:, None] + e
+    tl.store(v_dst, x1.to(v_ptr.dtype.element_ty), mask=mask & is_v)
+    tl.store(v_dst + HALF, x2.to(v_ptr.dtype.element_ty), mask=mask & is_v)
 
 
 def qk_norm_rope_cache(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, cos: torch.Tensor,
@@ -95,14 +101,15 @@ def qk_norm_rope_cache(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Te
     assert cos.shape == sin.shape == (n, D) and cos.is_contiguous() and sin.is_contiguous()
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
     rows = n * (Hq + 2 * Hkv)
-    block_d = triton.next_power_of_2(D)
+    block_half = triton.next_power_of_2(D // 2)
     # a GPU tile of 2k elements; an interpreted one of up to 256k (fewer Python-level programs)
     elems = 1 << 18 if _INTERPRETED else 2048
-    block_r = min(triton.next_power_of_2(rows), max(1, elems // block_d))
+    block_r = min(triton.next_power_of_2(rows), max(1, elems // (2 * block_half)))
     grid = (triton.cdiv(rows, block_r),)
     _qk_norm_rope_cache_kernel[grid](qkv, q_out, k_cache, v_cache, q_norm, k_norm, cos, sin, seq, pos, rows,
                                      qkv.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                                     eps, HQ=Hq, HKV=Hkv, D=D, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4)
+                                     eps, HQ=Hq, HKV=Hkv, D=D, BLOCK_R=block_r, BLOCK_HALF=block_half,
+                                     num_warps=4)
 
 
 @triton.jit
