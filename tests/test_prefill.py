@@ -280,3 +280,41 @@ def test_prefill_kernels_compile_for_sm90():
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(rows) == 4 and all(row["scalar_16bit_stores"] == 0 for row in rows), rows
+
+
+@pytest.mark.gpu
+def test_gpu_fused_kernels_within_bf16_rounding(seed):
+    """On a GPU, in bf16 with Qwen3-0.6B's head shapes: the compiled kernels are what prefill runs,
+    and their outputs are within bf16 rounding of the float32 formulas on the same inputs (one
+    rounding each, where the torch path rounds several times); values are copied exactly."""
+    from models.qwen3 import prefill_kernels
+    from models.qwen3.reference import apply_rope, rmsnorm, rope_cos_sin
+
+    dev, bf16 = torch.device("cuda"), torch.bfloat16
+    assert prefill_kernels.supported(dev, bf16)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    Hq, Hkv, D, eps = 16, 8, 128, 1e-6
+    lengths = [700, 1, 300]
+    seq, pos = (t.to(dev) for t in _chunk_descriptors(lengths))
+    n = sum(lengths)
+    cos, sin = rope_cos_sin(pos, D, 1_000_000.0, torch.float32)
+    qkv = (3 * torch.randn(n, (Hq + 2 * Hkv) * D, generator=g, device=dev)).to(bf16)
+    q_norm, k_norm = (1 + 0.3 * torch.randn(2, D, generator=g, device=dev)).to(bf16)
+    k_cache, v_cache = torch.zeros(2, len(lengths), Hkv, 1024, D, dtype=bf16, device=dev)
+    q = torch.empty(n, Hq, D, dtype=bf16, device=dev)
+    prefill_kernels.qk_norm_rope_cache(qkv, q_norm, k_norm, cos, sin, seq, pos, k_cache, v_cache, q, eps)
+    x = qkv.float()
+    q_want = apply_rope(rmsnorm(x[:, :Hq * D].view(n, Hq, D), q_norm.float(), eps), cos[:, None], sin[:, None])
+    k_want = apply_rope(rmsnorm(x[:, Hq * D:(Hq + Hkv) * D].view(n, Hkv, D), k_norm.float(), eps),
+                        cos[:, None], sin[:, None])
+    assert rel_err(q, q_want) < 4e-3
+    k_got = torch.cat([k_cache[b, :, :m].transpose(0, 1) for b, m in enumerate(lengths)])
+    v_got = torch.cat([v_cache[b, :, :m].transpose(0, 1) for b, m in enumerate(lengths)])
+    assert rel_err(k_got, k_want) < 4e-3
+    assert torch.equal(v_got, qkv[:, (Hq + Hkv) * D:].view(n, Hkv, D))
+    assert not k_cache[0, :, :, 700:].any() and not v_cache[2, :, :, 300:].any()
+
+    gate_up = (4 * torch.randn(n, 2 * 3072, generator=g, device=dev)).to(bf16)
+    act = prefill_kernels.silu_mul(gate_up, torch.empty(n, 3072, dtype=bf16, device=dev))
+    want = torch.nn.functional.silu(gate_up[:, :3072].float()) * gate_up[:, 3072:].float()
+    assert rel_err(act, want) < 4e-3
