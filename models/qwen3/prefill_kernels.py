@@ -10,8 +10,7 @@ the q/k RMSNorm, RoPE and the KV-cache writes were seven torch ops a layer and S
 - ``silu_mul`` reads the gate|up GEMM's output once and writes SiLU(gate) * up.
 
 Both compute in float32 and round once to the model's dtype. Tiles are rows of (token, head) or
-(token, column block); under Triton's interpreter (the CPU) a tile is much larger, since there each
-program is a Python call and the work per call is numpy's.
+of tokens by a column block (``_tile_rows``).
 """
 
 from __future__ import annotations
@@ -32,7 +31,8 @@ def supported(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype == torch.float32 and _INTERPRETED
 
 
-@triton.jit
+# (the row counts only bound the masks: not specialised, so every prompt length shares one kernel)
+@triton.jit(do_not_specialize=["rows"])
 def _qk_norm_rope_cache_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr,
                                seq_ptr, pos_ptr, rows, qkv_stride, cache_sb, cache_sh, cache_sp, eps,
                                HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
@@ -86,6 +86,15 @@ def _qk_norm_rope_cache_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, q_norm_ptr, k_norm_
     tl.store(v_dst + HALF, x2.to(v_ptr.dtype.element_ty), mask=mask & is_v)
 
 
+def _tile_rows(rows: int, width: int) -> int:
+    """Rows of a tile ``width`` wide: 2k elements on a GPU (the same for every prompt length, so one
+    compiled kernel serves all); under the interpreter up to 256k, but no more rows than there are,
+    since there each program is a Python call and the work per call is numpy's."""
+    if not _INTERPRETED:
+        return max(1, 2048 // width)
+    return min(triton.next_power_of_2(rows), max(1, (1 << 18) // width))
+
+
 def qk_norm_rope_cache(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, cos: torch.Tensor,
                        sin: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor, k_cache: torch.Tensor,
                        v_cache: torch.Tensor, q_out: torch.Tensor, eps: float):
@@ -102,9 +111,7 @@ def qk_norm_rope_cache(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Te
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
     rows = n * (Hq + 2 * Hkv)
     block_half = triton.next_power_of_2(D // 2)
-    # a GPU tile of 2k elements; an interpreted one of up to 256k (fewer Python-level programs)
-    elems = 1 << 18 if _INTERPRETED else 2048
-    block_r = min(triton.next_power_of_2(rows), max(1, elems // (2 * block_half)))
+    block_r = _tile_rows(rows, 2 * block_half)
     grid = (triton.cdiv(rows, block_r),)
     _qk_norm_rope_cache_kernel[grid](qkv, q_out, k_cache, v_cache, q_norm, k_norm, cos, sin, seq, pos, rows,
                                      qkv.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -112,7 +119,7 @@ def qk_norm_rope_cache(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Te
                                      num_warps=4)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _silu_mul_kernel(gu_ptr, out_ptr, n, gu_stride, out_stride, I: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -135,8 +142,7 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     n, I = out.shape
     assert gate_up.shape == (n, 2 * I) and gate_up.stride(1) == 1 and out.stride(1) == 1
     block_n = min(triton.next_power_of_2(I), 1024)
-    elems = 1 << 18 if _INTERPRETED else 2048
-    block_m = min(triton.next_power_of_2(n), max(1, elems // block_n))
+    block_m = _tile_rows(n, block_n)
     grid = (triton.cdiv(n, block_m), triton.cdiv(I, block_n))
     _silu_mul_kernel[grid](gate_up, out, n, gate_up.stride(0), out.stride(0), I=I, BLOCK_M=block_m,
                            BLOCK_N=block_n, num_warps=4)
