@@ -4,6 +4,8 @@ cache, for prompts that cross chunk boundaries and for batches of prompts of dif
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -144,3 +146,175 @@ def test_default_chunk_is_bounded_by_the_activation_budget():
         assert (n + 1) * per > qwen3_prefill.PREFILL_ACT_BYTES or n == qwen3_prefill.PREFILL_MIN_CHUNK, name
     assert qwen3_prefill.default_chunk(PRESETS["0.6b"], torch.bfloat16) >= 32768
     assert qwen3_prefill.default_chunk(PRESETS["32b"], torch.bfloat16) < 32768
+
+
+def _chunk_descriptors(lengths):
+    """Each packed token's (sequence, position), as prefill builds them."""
+    seq = torch.arange(len(lengths)).repeat_interleave(torch.tensor(lengths))
+    pos = torch.cat([torch.arange(n) for n in lengths])
+    return seq, pos
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(6, 2, 16), (4, 4, 12)], ids=["gqa3", "gqa1-d12"])
+def test_fused_qk_norm_rope_cache_matches_torch(seed, heads, kv_heads, head_dim):
+    """The Triton kernel (interpreted here) against Hugging Face's formulas (``reference.rmsnorm``,
+    ``apply_rope``) and against the torch fallback on fresh random q|k|v, norm weights and positions:
+    a batch of three sequences packed into chunks of 8, so pieces of a sequence cross a chunk, and
+    a head_dim that is not a power of two."""
+    from models.qwen3 import prefill_kernels
+    from models.qwen3.config import Qwen3Config
+    from models.qwen3.reference import apply_rope, rmsnorm, rope_cos_sin
+
+    g = torch.Generator().manual_seed(seed)
+    cfg = Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, head_dim=head_dim, rope_theta=10_000.0)
+    L, D = cfg.num_hidden_layers, head_dim
+    w = SimpleNamespace(q_norm=1 + 0.3 * torch.randn(L, D, generator=g), k_norm=1 + 0.3 * torch.randn(L, D, generator=g),
+                        dtype=torch.float32)
+    lengths, chunk = [5, 11, 3], 8
+    seq, pos = _chunk_descriptors(lengths)
+    cos, sin = rope_cos_sin(pos, D, cfg.rope_theta, torch.float32)
+    ours = KVCache.allocate(cfg, len(lengths), 16, torch.float32, "cpu")
+    fallback = KVCache.allocate(cfg, len(lengths), 16, torch.float32, "cpu")
+    torch_path = qwen3_prefill._TorchQKRope(cfg, w, cos, sin)
+    plan = plan_chunks(lengths, chunk)
+    assert any(p0 > 0 for pieces in plan for _, p0, _, _ in pieces), "a sequence crosses a chunk"
+    for c, pieces in enumerate(plan):
+        c0, n = c * chunk, sum(m for *_, m in pieces)
+        for l in range(L):
+            qkv = 3 * torch.randn(n, cfg.qkv_size, generator=g)
+            q = torch.empty(n, heads, D)
+            span = slice(c0, c0 + n)
+            prefill_kernels.qk_norm_rope_cache(qkv, w.q_norm[l], w.k_norm[l], cos[span], sin[span], seq[span],
+                                               pos[span], ours.k[l], ours.v[l], q, cfg.rms_norm_eps)
+            qk_torch = torch.empty(n, heads + kv_heads, D)
+            torch_path(qkv, l, c0, pieces, fallback, qk_torch)
+            q_torch = qk_torch[:, :heads]
+            q_hf = apply_rope(rmsnorm(qkv[:, :cfg.q_size].view(n, heads, D), w.q_norm[l], cfg.rms_norm_eps),
+                              cos[span, None], sin[span, None])
+            assert rel_err(q, q_hf) < 1e-6 and rel_err(q_torch, q_hf) < 1e-6, f"chunk {c}, layer {l}: queries"
+            k_hf = apply_rope(rmsnorm(qkv[:, cfg.q_size:cfg.q_size + cfg.kv_size].view(n, kv_heads, D), w.k_norm[l],
+                                      cfg.rms_norm_eps), cos[span, None], sin[span, None])
+            for b, p0, o, m in pieces:
+                assert rel_err(ours.k[l, b, :, p0:p0 + m], k_hf[o:o + m].transpose(0, 1)) < 1e-6
+                assert torch.equal(ours.v[l, b, :, p0:p0 + m],
+                                   qkv[o:o + m, cfg.q_size + cfg.kv_size:].view(m, kv_heads, D).transpose(0, 1))
+    # the kernel wrote exactly where the torch path did: each prompt's positions and nothing more
+    for b, n in enumerate(lengths):
+        assert ours.k[:, b, :, :n].all() and not ours.k[:, b, :, n:].any() and not ours.v[:, b, :, n:].any()
+    assert rel_err(ours.k, fallback.k) < 1e-6 and torch.equal(ours.v, fallback.v)
+
+
+def test_fused_silu_mul_matches_torch(seed):
+    from models.qwen3 import prefill_kernels
+    g = torch.Generator().manual_seed(seed)
+    for n, inter in [(7, 40), (3, 1500)]:      # one column block, and several with a ragged last
+        gate_up = 4 * torch.randn(n, 2 * inter, generator=g)
+        out = prefill_kernels.silu_mul(gate_up, torch.empty(n, inter))
+        want = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        assert rel_err(out, want) < 1e-6
+
+
+def test_torch_fallback_matches_hf_and_the_kernels(tiny_checkpoint, seed, monkeypatch):
+    """Where the kernels cannot run (prefill_kernels.supported false), the torch ops give HF's
+    logits and cache, and the same as the kernels to float32 rounding, on a batch across chunks."""
+    tiny = tiny_checkpoint(**SHAPES["gqa5-odd"])
+    model = load_model(str(tiny.folder), device="cpu", progress=False)
+    prompts = [random_prompt(n, tiny.vocab_size, seed + i) for i, n in enumerate([7 + seed % 5, 2, 10])]
+
+    def run():
+        cache = KVCache.allocate(model.config, len(prompts), 20, torch.float32, "cpu")
+        return prefill(model.config, model.weights, cache, [torch.tensor(p) for p in prompts], chunk_size=6), cache
+
+    fused_logits, fused = run()
+    monkeypatch.setattr(qwen3_prefill.prefill_kernels, "supported", lambda *a: False)
+    monkeypatch.setattr(qwen3_prefill.prefill_kernels, "qk_norm_rope_cache", None)   # never called
+    monkeypatch.setattr(qwen3_prefill.prefill_kernels, "silu_mul", None)
+    logits, cache = run()
+    assert_matches_hf(tiny, cache, logits, prompts)
+    assert rel_err(logits, fused_logits) < 1e-6
+    assert rel_err(cache.k, fused.k) < 1e-6 and rel_err(cache.v, fused.v) < 1e-6
+
+
+_COMPILE_PREFILL_KERNELS = """
+import json, re, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from models.qwen3 import prefill_kernels as pk
+assert not pk._INTERPRETED
+target, rows = GPUTarget("cuda", 90, 32), []
+def compile(fn, sig, consts, aligned):
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(sig) if name in aligned}
+    ptx = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=target,
+                         options=dict(num_warps=4)).asm["ptx"]
+    rows.append(dict(kernel=fn.__name__, consts=str(consts), scalar_16bit_stores=len(re.findall(r"st\\.global\\.b16", ptx))))
+for hq, hkv, inter in ((16, 8, 3072), (32, 8, 12288)):        # 0.6b, 8b
+    sig = {n: "*bf16" for n in ("qkv_ptr", "q_ptr", "k_ptr", "v_ptr", "q_norm_ptr", "k_norm_ptr")}
+    sig.update(cos_ptr="*fp32", sin_ptr="*fp32", seq_ptr="*i64", pos_ptr="*i64", rows="i32", qkv_stride="i32",
+               cache_sb="i32", cache_sh="i32", cache_sp="i32", eps="fp32", HQ="constexpr", HKV="constexpr",
+               D="constexpr", BLOCK_R="constexpr", BLOCK_HALF="constexpr")
+    # as a launch specialises them: pointers and the strides, multiples of 16
+    compile(pk._qk_norm_rope_cache_kernel, sig, dict(HQ=hq, HKV=hkv, D=128, BLOCK_R=16, BLOCK_HALF=64),
+            [n for n in sig if n.endswith("_ptr") or n.endswith("stride") or n.startswith("cache_")])
+    sig = dict(gu_ptr="*bf16", out_ptr="*bf16", n="i32", gu_stride="i32", out_stride="i32", I="constexpr",
+               BLOCK_M="constexpr", BLOCK_N="constexpr")
+    compile(pk._silu_mul_kernel, sig, dict(I=inter, BLOCK_M=2, BLOCK_N=1024), ["gu_ptr", "out_ptr", "gu_stride", "out_stride"])
+print(json.dumps(rows))
+"""
+
+
+def test_prefill_kernels_compile_for_sm90():
+    """The interpreter cannot see what only Triton's compiler rejects: both kernels compile for
+    Hopper with 0.6b's and 8b's shapes in bf16, and store whole vectors (no 16-bit scalar stores:
+    each head half and each column block is one contiguous run)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(repo)
+    r = subprocess.run([sys.executable, "-c", _COMPILE_PREFILL_KERNELS], cwd=repo, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(rows) == 4 and all(row["scalar_16bit_stores"] == 0 for row in rows), rows
+
+
+@pytest.mark.gpu
+def test_gpu_fused_kernels_within_bf16_rounding(seed):
+    """On a GPU, in bf16 with Qwen3-0.6B's head shapes: the compiled kernels are what prefill runs,
+    and their outputs are within bf16 rounding of the float32 formulas on the same inputs (one
+    rounding each, where the torch path rounds several times); values are copied exactly."""
+    from models.qwen3 import prefill_kernels
+    from models.qwen3.reference import apply_rope, rmsnorm, rope_cos_sin
+
+    dev, bf16 = torch.device("cuda"), torch.bfloat16
+    assert prefill_kernels.supported(dev, bf16)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    Hq, Hkv, D, eps = 16, 8, 128, 1e-6
+    lengths = [700, 1, 300]
+    seq, pos = (t.to(dev) for t in _chunk_descriptors(lengths))
+    n = sum(lengths)
+    cos, sin = rope_cos_sin(pos, D, 1_000_000.0, torch.float32)
+    qkv = (3 * torch.randn(n, (Hq + 2 * Hkv) * D, generator=g, device=dev)).to(bf16)
+    q_norm, k_norm = (1 + 0.3 * torch.randn(2, D, generator=g, device=dev)).to(bf16)
+    k_cache, v_cache = torch.zeros(2, len(lengths), Hkv, 1024, D, dtype=bf16, device=dev)
+    q = torch.empty(n, Hq, D, dtype=bf16, device=dev)
+    prefill_kernels.qk_norm_rope_cache(qkv, q_norm, k_norm, cos, sin, seq, pos, k_cache, v_cache, q, eps)
+    x = qkv.float()
+    q_want = apply_rope(rmsnorm(x[:, :Hq * D].view(n, Hq, D), q_norm.float(), eps), cos[:, None], sin[:, None])
+    k_want = apply_rope(rmsnorm(x[:, Hq * D:(Hq + Hkv) * D].view(n, Hkv, D), k_norm.float(), eps),
+                        cos[:, None], sin[:, None])
+    assert rel_err(q, q_want) < 4e-3
+    k_got = torch.cat([k_cache[b, :, :m].transpose(0, 1) for b, m in enumerate(lengths)])
+    v_got = torch.cat([v_cache[b, :, :m].transpose(0, 1) for b, m in enumerate(lengths)])
+    assert rel_err(k_got, k_want) < 4e-3
+    assert torch.equal(v_got, qkv[:, (Hq + Hkv) * D:].view(n, Hkv, D))
+    assert not k_cache[0, :, :, 700:].any() and not v_cache[2, :, :, 300:].any()
+
+    gate_up = (4 * torch.randn(n, 2 * 3072, generator=g, device=dev)).to(bf16)
+    act = prefill_kernels.silu_mul(gate_up, torch.empty(n, 3072, dtype=bf16, device=dev))
+    want = torch.nn.functional.silu(gate_up[:, :3072].float()) * gate_up[:, 3072:].float()
+    assert rel_err(act, want) < 4e-3

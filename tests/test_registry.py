@@ -105,7 +105,10 @@ def _imports(path: Path) -> set[str]:
     ("instructions", ("megakernel",)),
 ])
 def test_layers_import_downhill(package, forbidden):
-    """models <- scheduler (no Triton) <- instructions <- the backends and the runtime (megakernel)."""
+    """models <- scheduler (no Triton) <- instructions <- the backends and the runtime (megakernel).
+    One exception: the prefill's own elementwise kernels (models/qwen3/prefill_kernels.py) are
+    Triton; they still import nothing of the scheduler, the instructions or the runtime."""
     bad = [(p.name, m) for p in (REPO / package).rglob("*.py") for m in _imports(p)
-           if m.split(".")[0] in forbidden]
+           if m.split(".")[0] in forbidden
+           and not (p == REPO / "models/qwen3/prefill_kernels.py" and m.split(".")[0] == "triton")]
     assert not bad, bad

@@ -4,18 +4,21 @@ The prompts of a batch are packed back to back into one token stream (no padding
 which is cut into chunks of at most ``chunk_size`` tokens (by default as many as an activation budget
 holds: most prompts are one chunk); each chunk goes through every layer before the next one starts,
 so activations stay bounded by the chunk however long the prompt is. Per layer:
-the input RMSNorm, one fused QKV GEMM, q/k RMSNorm and RoPE over all heads at once, the chunk's keys
-and values written into the KV cache in the layout the decode kernels read (``[layers, batch,
-kv_heads, max_seq_len, head_dim]``), then attention for each piece of a sequence in the chunk: its
-queries against its sequence's cache up to and including itself, causal from the lower right
-(``causal_lower_right``), then O projection and MLP with the residual adds fused into the GEMMs
-(``addmm_``). Only the last position of each sequence reaches the final norm and the LM head.
+the input RMSNorm, one fused QKV GEMM, then one Triton kernel (``prefill_kernels``) for q/k RMSNorm
+and RoPE over all heads, writing the rotated queries for SDPA and the chunk's keys and values into
+the KV cache in the layout the decode kernels read (``[layers, batch, kv_heads, max_seq_len,
+head_dim]``), then attention for each piece of a sequence in the chunk: its queries against its
+sequence's cache up to and including itself, causal from the lower right (``causal_lower_right``),
+then O projection and MLP (SiLU(gate) * up one more Triton kernel) with the residual adds fused
+into the GEMMs (``addmm_``). Only the last position of each sequence reaches the final norm and the
+LM head. That is nine launches a layer for a chunk of one piece; where the Triton kernels cannot
+run, torch ops do the same work in seventeen.
 
 The chunk plan is made on the host from the prompt lengths before any work, so the loop issues
 kernels without waiting on the device. Numerics follow Hugging Face's Qwen3 as the reference does;
-in bf16 a few roundings fall differently (fused RMSNorm and residual adds, the q/k norm weights
-folded into the RoPE tables), all within bf16 rounding. On the CPU the same code runs in float32
-through SDPA's CPU kernels.
+in bf16 a few roundings fall differently (fused RMSNorm and residual adds, the q/k norm and RoPE
+in float32 with one rounding), all within bf16 rounding. On the CPU the same code runs in float32
+through SDPA's CPU kernels and Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch.nn.functional as F
 from torch.backends.cuda import SDPAParams, can_use_flash_attention
 from torch.nn.attention.bias import causal_lower_right
 
+from . import prefill_kernels
 from .config import Qwen3Config
 from .reference import KVCache, rope_cos_sin
 from .weights import Qwen3Weights
@@ -74,28 +78,36 @@ def plan_chunks(lengths: Sequence[int], chunk_size: int) -> list[list[tuple[int,
 
 
 def _flash_takes_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether SDPA's flash backend takes this call with k/v at their own head count. Flash reads
+    """Whether SDPA's flash backend takes ``attend(q, k, v, ...)`` with k/v at their own head count
+    (it depends on dtypes, head counts and layouts, not on the lengths). Flash reads
     grouped heads natively on both routes (``is_causal`` and ``causal_lower_right``, which calls
     the flash kernel directly); elsewhere k/v are expanded to every query head, as SDPA's math
     backend would do itself, because the lower-right route's efficient kernel gets no GQA handling."""
     return q.is_cuda and can_use_flash_attention(SDPAParams(q, k, v, None, 0.0, False, True))
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention of T queries at the last T of S key positions: q [Hq, T, D], k and v
-    [Hkv, S, D] with S >= T. Returns [T, Hq, D]."""
-    q, k, v = q[None], k[None], v[None]
-    T, S = q.shape[2], k.shape[2]
-    gqa = _flash_takes_gqa(q, k, v)
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool, mask) -> torch.Tensor:
+    """Causal attention of T queries at the last T of S key positions: q [1, Hq, T, D], k and v
+    [1, Hkv, S, D] with S >= T; ``gqa``: ``_flash_takes_gqa`` of such a call; ``mask``: None where
+    S == T, else ``causal_lower_right(T, S)``. Returns [T, Hq, D]."""
     if not gqa and q.shape[1] != k.shape[1]:
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     # A square block is plain causal attention, which every backend takes (cuDNN, flash,
     # efficient); a chunk after the first sees its cache prefix, i.e. causal from the lower right,
     # which SDPA routes to flash (or efficient) with the diagonal aligned to the last key.
-    mask = None if S == T else causal_lower_right(T, S)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
     return out[0].transpose(0, 1)
+
+
+def _layer_weights(w: Qwen3Weights, name: str, transposed: bool = False):
+    """Layer l's projection ``name`` (``.T`` where ``transposed``) as ``get(l)``: views made once,
+    by one op, for plain weights; dequantized at each call for FP8 (every layer at once would not
+    fit)."""
+    if w.quantization is None:
+        t = getattr(w, name)
+        return (t.mT if transposed else t).unbind(0).__getitem__
+    return (lambda l: w.proj(name, l).T) if transposed else (lambda l: w.proj(name, l))
 
 
 @torch.no_grad()
@@ -123,57 +135,66 @@ def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence
 
     dev = w.device
     lengths = [p.numel() for p in ids]
-    # One upload for the whole batch: token ids and their positions, packed.
-    packed = torch.stack((torch.cat(ids).long(), torch.cat([torch.arange(n) for n in lengths]))).to(dev)
-    tokens, positions = packed[0], packed[1]
+    # One upload for the whole batch, packed: token ids, positions, and each token's sequence.
+    packed = torch.stack((torch.cat(ids).long(), torch.cat([torch.arange(n) for n in lengths]),
+                          torch.arange(len(ids)).repeat_interleave(torch.tensor(lengths)))).to(dev)
+    tokens, positions, seqs = packed[0], packed[1], packed[2]
     H, D, Hq, Hkv = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    L, G, eps, half = cfg.num_hidden_layers, cfg.group_size, cfg.rms_norm_eps, cfg.head_dim // 2
-    # q/k RMSNorm weight and RoPE in one table pair per token, so that norm + weight + RoPE is
-    # three passes over q and k: with y = x * w, RoPE(y) = x * (w cos) + rotate_half(x) * (roll(w) sin'),
-    # where sin' is sin with its first half negated. The q and k heads are viewed as G + 1 groups of
-    # Hkv heads (G groups of queries, then the keys), so the tables broadcast over Hkv.
-    norm_w = torch.cat((w.q_norm[:, None].expand(L, G, D), w.k_norm[:, None]), dim=1).float()[:, :, None]
-    norm_w_rolled = norm_w.roll(half, dims=-1)                                # [L, G + 1, 1, D]
+    L, I, eps = cfg.num_hidden_layers, cfg.intermediate_size, cfg.rms_norm_eps
     cos, sin = rope_cos_sin(positions, D, cfg.rope_theta, torch.float32)     # [N, D]
-    sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None, None]
-    cos = cos[:, None, None]                                                  # [N, 1, 1, D]
-    k_end = cfg.q_size + cfg.kv_size
+    fused = prefill_kernels.supported(dev, w.dtype)
+    if not fused:
+        qk_rope = _TorchQKRope(cfg, w, cos, sin)
+    # Per-layer views made once (each by one op), so that the layer loop issues little but launches.
+    in_norm, post_norm, q_norm, k_norm = (t.unbind(0) for t in (w.input_norm, w.post_norm, w.q_norm, w.k_norm))
+    cache_k, cache_v = cache.k.unbind(0), cache.v.unbind(0)
+    wqkv, wgate_up = _layer_weights(w, "wqkv"), _layer_weights(w, "wgate_up")
+    wo_t, wdown_t = _layer_weights(w, "wo", True), _layer_weights(w, "wdown", True)
 
     last: list[torch.Tensor | None] = [None] * len(ids)
+    gqa = None       # whether SDPA's flash backend takes grouped k/v: the same for every piece
     for c, pieces in enumerate(plan_chunks(lengths, chunk_size)):
         c0 = c * chunk_size
         n = sum(m for *_, m in pieces)
-        rope_cos, rope_sin = torch.empty(2, n, G + 1, 1, D, dtype=w.dtype, device=dev)
-        x = w.embed[tokens[c0:c0 + n]]                                        # [n, H]
+        span = slice(c0, c0 + n)
+        cos_c, sin_c, seq_c, pos_c = cos[span], sin[span], seqs[span], positions[span]
+        # The rotated queries (the kernel's [n, Hq, D], or the torch path's q|k [n, Hq + Hkv, D]) and
+        # SiLU(gate) * up: one buffer each per chunk, rewritten by every layer.
+        qk = None if fused else torch.empty(n, Hq + Hkv, D, dtype=w.dtype, device=dev)
+        q = torch.empty(n, Hq, D, dtype=w.dtype, device=dev) if fused else qk[:, :Hq]
+        act = torch.empty(n, I, dtype=w.dtype, device=dev)
+        # each piece's queries [1, Hq, m, D], its sequence's keys and values up to its end in every
+        # layer [1, Hkv, p0 + m, D], and its mask
+        views = [(q[None, o:o + m].transpose(1, 2), cache.k[:, b, None, :, :p0 + m].unbind(0),
+                  cache.v[:, b, None, :, :p0 + m].unbind(0), None if p0 == 0 else causal_lower_right(m, p0 + m))
+                 for b, p0, o, m in pieces]
+        if gqa is None:
+            gqa = _flash_takes_gqa(views[0][0], views[0][1][0], views[0][2][0])
+        x = w.embed[tokens[span]]                                          # [n, H]
         for l in range(L):
-            h = F.rms_norm(x, (H,), w.input_norm[l], eps)
-            qkv = F.linear(h, w.proj("wqkv", l))                              # [n, (Hq + 2 Hkv) D]
-            torch.mul(cos[c0:c0 + n], norm_w[l], out=rope_cos)                 # computed in float32
-            torch.mul(sin[c0:c0 + n], norm_w_rolled[l], out=rope_sin)
-            qkn = F.rms_norm(qkv[:, :k_end].view(n, G + 1, Hkv, D), (D,), eps=eps)
-            qk = qkn * rope_cos
-            qk[..., :half].addcmul_(qkn[..., half:], rope_sin[..., :half])
-            qk[..., half:].addcmul_(qkn[..., :half], rope_sin[..., half:])
-            qk = qk.view(n, Hq + Hkv, D)
-            q, k, v = qk[:, :Hq], qk[:, Hq:], qkv[:, k_end:].view(n, Hkv, D)
-            outs = []
-            for b, p0, o, m in pieces:
-                cache.k[l, b, :, p0:p0 + m] = k[o:o + m].transpose(0, 1)
-                cache.v[l, b, :, p0:p0 + m] = v[o:o + m].transpose(0, 1)
-                outs.append(attend(q[o:o + m].transpose(0, 1), cache.k[l, b, :, :p0 + m],
-                                   cache.v[l, b, :, :p0 + m]))
+            h = F.rms_norm(x, (H,), in_norm[l], eps)
+            qkv = F.linear(h, wqkv(l))                                        # [n, (Hq + 2 Hkv) D]
+            if fused:
+                prefill_kernels.qk_norm_rope_cache(qkv, q_norm[l], k_norm[l], cos_c, sin_c, seq_c, pos_c,
+                                                   cache_k[l], cache_v[l], q, eps)
+            else:
+                qk_rope(qkv, l, c0, pieces, cache, qk)
+            outs = [attend(qp, kp[l], vp[l], gqa, mask) for qp, kp, vp, mask in views]
             attn = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(n, cfg.q_size)
             if reduce is None:
-                x.addmm_(attn, w.proj("wo", l).T)
+                x.addmm_(attn, wo_t(l))
             else:
-                x.add_(reduce(attn @ w.proj("wo", l).T))
-            h = F.rms_norm(x, (H,), w.post_norm[l], eps)
-            gate_up = F.linear(h, w.proj("wgate_up", l))
-            act = F.silu(gate_up[:, :cfg.intermediate_size]).mul_(gate_up[:, cfg.intermediate_size:])
+                x.add_(reduce(attn @ wo_t(l)))
+            h = F.rms_norm(x, (H,), post_norm[l], eps)
+            gate_up = F.linear(h, wgate_up(l))
+            if fused:
+                prefill_kernels.silu_mul(gate_up, act)
+            else:
+                torch.mul(F.silu(gate_up[:, :I]), gate_up[:, I:], out=act)
             if reduce is None:
-                x.addmm_(act, w.proj("wdown", l).T)
+                x.addmm_(act, wdown_t(l))
             else:
-                x.add_(reduce(act @ w.proj("wdown", l).T))
+                x.add_(reduce(act @ wdown_t(l)))
         for b, p0, o, m in pieces:
             if p0 + m == lengths[b]:
                 last[b] = x[o + m - 1:o + m]
@@ -181,3 +202,36 @@ def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence
     logits = F.linear(h, w.lm_head).float()
     cache.lengths.copy_(torch.tensor(lengths, dtype=cache.lengths.dtype))
     return logits
+
+
+class _TorchQKRope:
+    """q/k RMSNorm, RoPE and the cache writes in torch ops, where the Triton kernel does not run.
+    The norm weight is folded into one RoPE table pair per token, so that norm + weight + RoPE is
+    three passes over q and k: with y = x * w, RoPE(y) = x * (w cos) + rotate_half(x) * (roll(w) sin'),
+    where sin' is sin with its first half negated. The q and k heads are viewed as G + 1 groups of
+    Hkv heads (G groups of queries, then the keys), so the tables broadcast over Hkv."""
+
+    def __init__(self, cfg: Qwen3Config, w: Qwen3Weights, cos: torch.Tensor, sin: torch.Tensor):
+        L, G, D, half = cfg.num_hidden_layers, cfg.group_size, cfg.head_dim, cfg.head_dim // 2
+        self.cfg, self.dtype = cfg, w.dtype
+        self.norm_w = torch.cat((w.q_norm[:, None].expand(L, G, D), w.k_norm[:, None]), dim=1).float()[:, :, None]
+        self.norm_w_rolled = self.norm_w.roll(half, dims=-1)                 # [L, G + 1, 1, D]
+        self.sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)[:, None, None]
+        self.cos = cos[:, None, None]                                        # [N, 1, 1, D]
+
+    def __call__(self, qkv: torch.Tensor, l: int, c0: int, pieces, cache: KVCache, out: torch.Tensor):
+        """Layer l for the chunk at c0: the rotated q|k into out [n, Hq + Hkv, D], k and v into the cache."""
+        cfg, n = self.cfg, qkv.shape[0]
+        G, Hq, Hkv, D, half = cfg.group_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.head_dim // 2
+        k_end = cfg.q_size + cfg.kv_size
+        rope_cos, rope_sin = torch.empty(2, n, G + 1, 1, D, dtype=self.dtype, device=qkv.device)
+        torch.mul(self.cos[c0:c0 + n], self.norm_w[l], out=rope_cos)           # computed in float32
+        torch.mul(self.sin[c0:c0 + n], self.norm_w_rolled[l], out=rope_sin)
+        qkn = F.rms_norm(qkv[:, :k_end].view(n, G + 1, Hkv, D), (D,), eps=cfg.rms_norm_eps)
+        qk = torch.mul(qkn, rope_cos, out=out.view(n, G + 1, Hkv, D))
+        qk[..., :half].addcmul_(qkn[..., half:], rope_sin[..., :half])
+        qk[..., half:].addcmul_(qkn[..., :half], rope_sin[..., half:])
+        k, v = out[:, Hq:], qkv[:, k_end:].view(n, Hkv, D)
+        for b, p0, o, m in pieces:
+            cache.k[l, b, :, p0:p0 + m] = k[o:o + m].transpose(0, 1)
+            cache.v[l, b, :, p0:p0 + m] = v[o:o + m].transpose(0, 1)

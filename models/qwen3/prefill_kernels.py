@@ -1,0 +1,149 @@
+"""Triton kernels of the prefill (``prefill.py``): the elementwise work of a layer in two launches.
+
+At short and mid prompt lengths the prefill is bound by the host issuing launches, not by the GPU:
+the q/k RMSNorm, RoPE and the KV-cache writes were seven torch ops a layer and SiLU x up two. Here
+
+- ``qk_norm_rope_cache`` reads the QKV GEMM's output once and, per token and head, applies the q
+  or k RMSNorm (with its weight) and RoPE (rotate_half, as Hugging Face's Qwen3) in float32, writes
+  the rotated queries into a ``[n, Hq, D]`` buffer (which SDPA reads as ``[Hq, T, D]`` without a
+  copy) and the rotated keys and the values into the KV cache at each token's (sequence, position);
+- ``silu_mul`` reads the gate|up GEMM's output once and writes SiLU(gate) * up.
+
+Both compute in float32 and round once to the model's dtype. Tiles are rows of (token, head) or
+of tokens by a column block (``_tile_rows``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+
+def supported(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether these kernels run for tensors of ``dtype`` on ``device``: an NVIDIA GPU with the
+    kernels compiled, or the CPU in float32 with them interpreted (the interpreter has no 16-bit
+    arithmetic). Elsewhere (an Ascend NPU, whose Triton these kernels are not tested on, or a CPU
+    where this module was imported without ``TRITON_INTERPRET=1``) the prefill keeps its torch ops."""
+    if device.type == "cuda":
+        return not _INTERPRETED
+    return device.type == "cpu" and dtype == torch.float32 and _INTERPRETED
+
+
+# (the row counts only bound the masks: not specialised, so every prompt length shares one kernel)
+@triton.jit(do_not_specialize=["rows"])
+def _qk_norm_rope_cache_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr,
+                               seq_ptr, pos_ptr, rows, qkv_stride, cache_sb, cache_sh, cache_sp, eps,
+                               HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                               BLOCK_R: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    # Row r is head h of token t, heads in the QKV GEMM's order: Hq queries, Hkv keys, Hkv values.
+    # Each head is handled as its two halves, the pairs rotate_half mixes, so every load and store
+    # is a contiguous run of D / 2 elements.
+    HT: tl.constexpr = HQ + 2 * HKV
+    HALF: tl.constexpr = D // 2
+    r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    e = tl.arange(0, BLOCK_HALF)[None, :]
+    row_ok = r < rows
+    t = r // HT
+    h = (r % HT).to(tl.int32)
+    is_q = (h < HQ)[:, None]
+    is_k = ((h >= HQ) & (h < HQ + HKV))[:, None]
+    is_v = (h >= HQ + HKV)[:, None]
+    col_ok = e < HALF
+    mask = row_ok[:, None] & col_ok
+
+    src = qkv_ptr + (t * qkv_stride + h * D)[:, None] + e
+    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+    rstd = (1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps))[:, None]
+    w1 = tl.where(is_q, tl.load(q_norm_ptr + e, mask=col_ok, other=0.0).to(tl.float32),
+                  tl.load(k_norm_ptr + e, mask=col_ok, other=0.0).to(tl.float32))
+    w2 = tl.where(is_q, tl.load(q_norm_ptr + HALF + e, mask=col_ok, other=0.0).to(tl.float32),
+                  tl.load(k_norm_ptr + HALF + e, mask=col_ok, other=0.0).to(tl.float32))
+    y1 = x1 * rstd * w1
+    y2 = x2 * rstd * w2
+    trig = (t * D)[:, None] + e
+    cos1 = tl.load(cos_ptr + trig, mask=mask, other=0.0)
+    cos2 = tl.load(cos_ptr + HALF + trig, mask=mask, other=0.0)
+    sin1 = tl.load(sin_ptr + trig, mask=mask, other=0.0)
+    sin2 = tl.load(sin_ptr + HALF + trig, mask=mask, other=0.0)
+    # y * cos + rotate_half(y) * sin, rotate_half(y) = (-y2, y1)
+    o1 = y1 * cos1 - y2 * sin1
+    o2 = y2 * cos2 + y1 * sin2
+
+    q_dst = q_ptr + ((t * HQ + h) * D)[:, None] + e
+    tl.store(q_dst, o1.to(q_ptr.dtype.element_ty), mask=mask & is_q)
+    tl.store(q_dst + HALF, o2.to(q_ptr.dtype.element_ty), mask=mask & is_q)
+    b = tl.load(seq_ptr + t, mask=row_ok, other=0).to(tl.int64)
+    p = tl.load(pos_ptr + t, mask=row_ok, other=0).to(tl.int64)
+    slot = b * cache_sb + p * cache_sp
+    k_dst = k_ptr + (slot + (h - HQ) * cache_sh)[:, None] + e
+    tl.store(k_dst, o1.to(k_ptr.dtype.element_ty), mask=mask & is_k)
+    tl.store(k_dst + HALF, o2.to(k_ptr.dtype.element_ty), mask=mask & is_k)
+    v_dst = v_ptr + (slot + (h - HQ - HKV) * cache_sh)[:, None] + e
+    tl.store(v_dst, x1.to(v_ptr.dtype.element_ty), mask=mask & is_v)
+    tl.store(v_dst + HALF, x2.to(v_ptr.dtype.element_ty), mask=mask & is_v)
+
+
+def _tile_rows(rows: int, width: int) -> int:
+    """Rows of a tile ``width`` wide: 2k elements on a GPU (the same for every prompt length, so one
+    compiled kernel serves all); under the interpreter up to 256k, but no more rows than there are,
+    since there each program is a Python call and the work per call is numpy's."""
+    if not _INTERPRETED:
+        return max(1, 2048 // width)
+    return min(triton.next_power_of_2(rows), max(1, (1 << 18) // width))
+
+
+def qk_norm_rope_cache(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, cos: torch.Tensor,
+                       sin: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, q_out: torch.Tensor, eps: float):
+    """One layer's q/k norm, RoPE and cache write for a chunk of n tokens, in one launch.
+
+    qkv [n, (Hq + 2 Hkv) D] (rows contiguous); q_norm, k_norm [D]; cos, sin [n, D] float32 (the
+    plain tables, sin not negated); seq, pos [n] integer: token i is sequence seq[i] at position
+    pos[i]; k_cache, v_cache [B, Hkv, S, D] (one layer of the cache, last dim contiguous); q_out
+    [n, Hq, D] contiguous, filled with the rotated queries."""
+    n, Hq, D = q_out.shape
+    Hkv = k_cache.shape[1]
+    assert qkv.shape == (n, (Hq + 2 * Hkv) * D) and qkv.stride(1) == 1 and q_out.is_contiguous()
+    assert cos.shape == sin.shape == (n, D) and cos.is_contiguous() and sin.is_contiguous()
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
+    rows = n * (Hq + 2 * Hkv)
+    block_half = triton.next_power_of_2(D // 2)
+    block_r = _tile_rows(rows, 2 * block_half)
+    grid = (triton.cdiv(rows, block_r),)
+    _qk_norm_rope_cache_kernel[grid](qkv, q_out, k_cache, v_cache, q_norm, k_norm, cos, sin, seq, pos, rows,
+                                     qkv.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                                     eps, HQ=Hq, HKV=Hkv, D=D, BLOCK_R=block_r, BLOCK_HALF=block_half,
+                                     num_warps=4)
+
+
+@triton.jit(do_not_specialize=["n"])
+def _silu_mul_kernel(gu_ptr, out_ptr, n, gu_stride, out_stride, I: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < n)[:, None] & (cols < I)[None, :]
+    src = gu_ptr + (rows * gu_stride)[:, None] + cols[None, :]
+    g = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(src + I, mask=mask, other=0.0).to(tl.float32)
+    y = g / (1.0 + tl.exp(-g)) * u
+    tl.store(out_ptr + (rows * out_stride)[:, None] + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# Whether ``triton.jit`` made interpreted functions: it reads TRITON_INTERPRET when a kernel is
+# defined, so this, not the variable now, says where the kernels can run.
+_INTERPRETED = isinstance(_silu_mul_kernel, InterpretedFunction)
+
+
+def silu_mul(gate_up: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up of gate_up [n, 2 I] = gate | up into out [n, I], reading gate_up once."""
+    n, I = out.shape
+    assert gate_up.shape == (n, 2 * I) and gate_up.stride(1) == 1 and out.stride(1) == 1
+    block_n = min(triton.next_power_of_2(I), 1024)
+    block_m = _tile_rows(n, block_n)
+    grid = (triton.cdiv(n, block_m), triton.cdiv(I, block_n))
+    _silu_mul_kernel[grid](gate_up, out, n, gate_up.stride(0), out.stride(0), I=I, BLOCK_M=block_m,
+                           BLOCK_N=block_n, num_warps=4)
+    return out
