@@ -17,6 +17,13 @@ from models.qwen3.reference import KVCache, Qwen3Reference
 from test_reference_vs_hf import SHAPES, assert_same_greedy, hf_greedy, random_prompt, rel_err
 
 
+@pytest.fixture(autouse=True)
+def _kernels_on_cpu(monkeypatch):
+    """These tests run the prefill's Triton kernels through the interpreter (tiny shapes), which a
+    CPU prefill otherwise leaves to torch's ops."""
+    monkeypatch.setattr(qwen3_prefill.prefill_kernels, "INTERPRET_ON_CPU", True)
+
+
 @torch.no_grad()
 def hf_prefill(hf, prompt: list[int]):
     """HF's last-position logits [V] and per-layer keys and values, each [kv_heads, T, D]."""
@@ -318,3 +325,14 @@ def test_gpu_fused_kernels_within_bf16_rounding(seed):
     act = prefill_kernels.silu_mul(gate_up, torch.empty(n, 3072, dtype=bf16, device=dev))
     want = torch.nn.functional.silu(gate_up[:, :3072].float()) * gate_up[:, 3072:].float()
     assert rel_err(act, want) < 4e-3
+
+
+def test_cpu_prefill_keeps_torch_ops_unless_asked(monkeypatch):
+    """Interpreted kernels are far slower than torch's ops at real shapes: a CPU prefill uses them
+    only when INTERPRET_ON_CPU is set (as these tests do), and never in 16-bit."""
+    from models.qwen3 import prefill_kernels
+    cpu = torch.device("cpu")
+    assert prefill_kernels.supported(cpu, torch.float32)
+    assert not prefill_kernels.supported(cpu, torch.bfloat16)
+    monkeypatch.setattr(prefill_kernels, "INTERPRET_ON_CPU", False)
+    assert not prefill_kernels.supported(cpu, torch.float32)
