@@ -12,6 +12,7 @@ import torch
 from megakernel import MegaQwen3, load_model
 from scheduler.ops import BATCH_INPUTS, make_plan
 
+from test_fp8 import SHAPE as FP8_SHAPE, oracle_logits, write_fp8_checkpoint
 from test_reference_vs_hf import random_prompt, rel_err
 
 KERNELS = ("megakernel", "superkernel", "per-op")
@@ -41,26 +42,34 @@ def hf_logits(hf, prompt, fed_b):
     return hf(ids).logits[0, len(prompt):].float()
 
 
-@pytest.mark.parametrize("batch,chunk_cols", [(2, 16), (17, None)], ids=["b2-16col-chunks", "b17"])
+@pytest.mark.parametrize("batch,chunk_cols,fp8", [(2, 16, False), (17, None, False), (2, None, True)],
+                         ids=["b2-16col-chunks", "b17", "b2-fp8"])
 def test_batch_input_variants_agree_across_backends_and_with_hf(tiny_checkpoint, seed, monkeypatch, batch,
-                                                                 chunk_cols):
-    """Batch 2 (with 16-column chunks, several a tile, each its own tree of squares) and batch 17 (the
-    batch padded to 32 MMA rows): for each variant the three kernel backends give bitwise equal
-    logits; against transformers "split" is float32-exact and "bf16" within bf16 rounding, and the
-    two variants differ (the rounding is really done)."""
+                                                                 chunk_cols, fp8):
+    """Batch 2 (with 16-column chunks, several a tile, each its own tree of squares), batch 17 (the
+    batch padded to 32 MMA rows) and FP8 weights at batch 2: for each variant the three kernel
+    backends give bitwise equal logits; against transformers (on the dequantized weights for FP8)
+    "split" is float32-exact and "bf16" within bf16 rounding, and the two variants differ (the
+    rounding is really done)."""
     if chunk_cols:
         import triton.language as tl
 
         import instructions.common as common
         monkeypatch.setattr(common, "BW_ELEMS", tl.constexpr(16 * chunk_cols))
-    tiny = tiny_checkpoint(**SHAPE)
-    model = load_model(str(tiny.folder), device="cpu", progress=False)
+    tiny = tiny_checkpoint(**(FP8_SHAPE if fp8 else SHAPE))
+    real = write_fp8_checkpoint(tiny) if fp8 else None
+    model = load_model(str(tiny.folder), device="cpu", dtype=torch.float32, progress=False)
+    assert (model.quantization == "fp8") == fp8
     g = torch.Generator().manual_seed(seed)
     prompts = [random_prompt(int(n), tiny.vocab_size, seed + i)
                for i, n in enumerate(torch.randint(1, 9, (batch,), generator=g))]
     steps = 2
     fed = torch.randint(0, tiny.vocab_size, (steps, batch), generator=g).tolist()
-    want = [hf_logits(tiny.hf, p, [fed[s][b] for s in range(steps)]) for b, p in enumerate(prompts)]
+    if fp8:
+        want = [oracle_logits(tiny, real, torch.tensor(p), [fed[s][b] for s in range(steps)])[1:]
+                for b, p in enumerate(prompts)]
+    else:
+        want = [hf_logits(tiny.hf, p, [fed[s][b] for s in range(steps)]) for b, p in enumerate(prompts)]
     want = torch.stack(want, dim=1)     # [steps, B, V]
     got = {}
     for variant in BATCH_INPUTS:
