@@ -115,20 +115,22 @@ def reduce_tile(t0, t1, slot, part_ptr, x_ptr, peers_ptr, flags_ptr, cnt_ptr, ta
 @triton.jit
 def opart_kernel(layer, attn_ptr, wo_ptr, wo_scale_ptr, part_ptr, B: tl.constexpr, H: tl.constexpr,
                  HQ: tl.constexpr, D: tl.constexpr, R_O: tl.constexpr, BK_Q: tl.constexpr, SCALE_ROWS: tl.constexpr,
-                 BATCHED: tl.constexpr):
+                 BATCHED: tl.constexpr, BATCH_INPUT: tl.constexpr):
     pid = tl.program_id(0)
+    BT: tl.constexpr = BATCHED * (1 + BATCH_INPUT)     # (common.gemv_tile)
     partial_tile(pid, pid + 1, layer, 2 * layer, attn_ptr, wo_ptr, wo_scale_ptr, part_ptr, cnt_ptr=attn_ptr, target=0,
-                 B=B, N=H, K=HQ * D, R=R_O, BK=BK_Q, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BATCHED, tr=part_ptr,
+                 B=B, N=H, K=HQ * D, R=R_O, BK=BK_Q, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BT, tr=part_ptr,
                  TRACE=False, POOL=0, claims_ptr=part_ptr, claims_base=0)
 
 
 @triton.jit
 def dpart_kernel(layer, act_ptr, wdown_ptr, wdown_scale_ptr, part_ptr, B: tl.constexpr, H: tl.constexpr,
                  I: tl.constexpr, R_DOWN: tl.constexpr, BK_I: tl.constexpr, SCALE_ROWS: tl.constexpr,
-                 BATCHED: tl.constexpr):
+                 BATCHED: tl.constexpr, BATCH_INPUT: tl.constexpr):
     pid = tl.program_id(0)
+    BT: tl.constexpr = BATCHED * (1 + BATCH_INPUT)     # (common.gemv_tile)
     partial_tile(pid, pid + 1, layer, 2 * layer + 1, act_ptr, wdown_ptr, wdown_scale_ptr, part_ptr, cnt_ptr=act_ptr,
-                 target=0, B=B, N=H, K=I, R=R_DOWN, BK=BK_I, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BATCHED,
+                 target=0, B=B, N=H, K=I, R=R_DOWN, BK=BK_I, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BT,
                  tr=part_ptr, TRACE=False, POOL=0, claims_ptr=part_ptr, claims_base=0)
 
 

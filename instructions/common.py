@@ -338,6 +338,12 @@ def next_tile(t, t1, c, claims_ptr, claims_base, NT: tl.constexpr, POOL: tl.cons
     return nt, c
 
 
+# The GEMV tiles' kind (``gemv_tile``'s BT), from the plan: BATCHED * (1 + BATCH_INPUT), so 0 for
+# the register tiles and, for the batched tile, 1 + scheduler.ops.BATCH_INPUTS' value.
+BT_SPLIT: tl.constexpr = tl.constexpr(1)
+BT_BF16: tl.constexpr = tl.constexpr(2)
+
+
 @triton.jit
 def gemv_tile(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
               B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
@@ -350,10 +356,11 @@ def gemv_tile(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_
     claim asked for a tile before it is needed. The first tile's weights (and the norm weight)
     are loaded before the wait (weights never depend on activations), each next tile's while this
     one computes. (Only the first: more weights in flight before the wait measured slower, see
-    docs/performance.md.)"""
+    docs/performance.md.) BT: 0 these register tiles; BT_SPLIT or BT_BF16 the batched tile
+    (``batch_tiles``) with its input split or in bf16 (the plan's BATCHED and BATCH_INPUT)."""
     if BT:     # (an else, not an early return: the code after a return is still compiled)
         seen = gemv_batch(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
-                          B, N, K, R, BK, SB, NORM, EPI, WAIT, SPIN)
+                          B, N, K, R, BK, SB, NORM, EPI, WAIT, SPIN, BT == BT_BF16)
     else:
         seen = gemv_rows_tiles(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
                                B, N, K, R, BK, SB, NORM, EPI, WAIT, SPIN, tr, TRACE, POOL, claims_ptr, claims_base)
@@ -432,11 +439,67 @@ GATEUP: tl.constexpr = tl.constexpr(3)     # out[b, rows] = silu(acc) * acc2 (ga
 def load_wbs(w_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, R_PAD: tl.constexpr, S: tl.constexpr,
              KS: tl.constexpr):
     """Weight block rows [row0, min(row0+R, row_end)) x columns [k0, k0+S*KS) as [S, R_PAD, KS]
-    (column k0 + s*KS + kk; rows from R up are not read, and zero: padding for tl.dot)."""
+    (column k0 + s*KS + kk; rows from R up are not read, and zero: padding for tl.dot). FP8 weights
+    come as [S, R_PAD, KS / 4] int32 words of four e4m3 bytes each (``e4m3_bf16``)."""
     r = tl.arange(0, R_PAD)[None, :, None]
-    k = k0 + tl.arange(0, S)[:, None, None] * KS + tl.arange(0, KS)[None, None, :]
-    return tl.load(w_ptr + (row0 + r) * K + k, mask=(r < R) & (row0 + r < row_end) & (k < K), other=0.0,
-                   eviction_policy="evict_first")
+    if w_ptr.dtype.element_ty == tl.float8e4nv:
+        tl.static_assert(K % 4 == 0, "FP8 rows are read as 4-byte words: K must be a multiple of 4")
+        KW: tl.constexpr = K // 4
+        i = k0 // 4 + tl.arange(0, S)[:, None, None] * (KS // 4) + tl.arange(0, KS // 4)[None, None, :]
+        w = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + (row0 + r) * KW + i,
+                    mask=(r < R) & (row0 + r < row_end) & (i < KW), other=0, eviction_policy="evict_first")
+    else:
+        k = k0 + tl.arange(0, S)[:, None, None] * KS + tl.arange(0, KS)[None, None, :]
+        w = tl.load(w_ptr + (row0 + r) * K + k, mask=(r < R) & (row0 + r < row_end) & (k < K), other=0.0,
+                    eviction_policy="evict_first")
+    return w
+
+
+# The batched tile's FP8 weights are made bf16 with integer ops, not the conversion unit (Triton's
+# e4m3 -> bf16 costs a conversion-unit op a weight, which bounds the tile on Hopper), on both 16-bit
+# halves of a word at once: bytes 0 and 2 of a word, or 1 and 3, become the bf16s with bits
+# sign << 15 | (e4m3 & 0x7f) << 4, the e4m3 value times 2^-120, exactly (a bf16 subnormal for an
+# e4m3 subnormal). A packed bf16 multiply by 2^120 then gives the plain conversion (bf16 arithmetic
+# keeps subnormals, so exactly), all normal numbers, which tensor cores cannot flush.
+E4M3_MAG2: tl.constexpr = tl.constexpr(0x07F007F0)                 # a half's exponent and mantissa, twice
+E4M3_SIGN2: tl.constexpr = tl.constexpr(0x80008000 - (1 << 32))    # a half's sign, twice, as int32
+
+
+@triton.jit
+def e4m3_halves(w):
+    """(bytes 0 and 2, bytes 1 and 3) of int32 words of four e4m3 bytes (little-endian), each byte in
+    a 16-bit half of the result: the bf16 bits of its value times 2^-120. Five integer ops a word."""
+    even = ((w << 4) & E4M3_MAG2) | ((w << 8) & E4M3_SIGN2)
+    odd = ((w >> 4) & E4M3_MAG2) | (w & E4M3_SIGN2)
+    return even, odd
+
+
+@triton.jit
+def _halves_times_2_120(v, F32: tl.constexpr):
+    """(the low half, the high half) of int32 ``v``, bf16 bits, times 2^120: as bf16 by a packed bf16
+    multiply, or with F32 as float32 by float32 multiplies of the bits moved to the top (the
+    interpreter's bf16 arithmetic flushes subnormals and rounds wrongly; a float32 model wants
+    float32 weights anyway)."""
+    if F32:
+        lo = (v << 16).to(tl.float32, bitcast=True) * 2.0 ** 120
+        hi = (v & -65536).to(tl.float32, bitcast=True) * 2.0 ** 120
+    else:
+        lo = (v & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True) * 2.0 ** 120
+        hi = (v >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True) * 2.0 ** 120
+    return lo, hi
+
+
+@triton.jit
+def e4m3_bf16(w, F32: tl.constexpr):
+    """[S, M, KW] int32 words of four e4m3 bytes (``load_wbs``) as [S, M, 4 * KW] bf16, column 4i + j
+    byte j of word i: for every byte but NaN exactly its bf16 conversion (with F32 that value as
+    float32, ``_halves_times_2_120``). Two weights cost five integer ops and a packed multiply."""
+    even, odd = e4m3_halves(w)
+    b0, b2 = _halves_times_2_120(even, F32)
+    b1, b3 = _halves_times_2_120(odd, F32)
+    # [S, M, KW, 2, 2]: element [.., i, p, q] is byte 2p + q of word i
+    j = tl.join(tl.join(b0, b2), tl.join(b1, b3))
+    return tl.reshape(j, [w.shape[0], w.shape[1], 4 * w.shape[2]])
 
 
 @triton.jit
@@ -481,6 +544,19 @@ def sum_squares(acc, x3, IEEE: tl.constexpr):
 
 
 @triton.jit
+def sum_pairs(q):
+    """The sums over the last axis of a [S, M, KS] block (KS a power of two) as [S, M, 1], as a tree:
+    columns 2i and 2i + 1 are added, then those sums in pairs, and so on. Each step is one addition
+    of two numbers, so the result does not depend on the register layout, as ``sum_squares``' dot
+    does not, for far fewer operations; a tl.sum over KS would add in the layout's order."""
+    for _ in tl.static_range(12):
+        if q.shape[2] > 1:
+            a, b = tl.split(tl.reshape(q, [q.shape[0], q.shape[1], q.shape[2] // 2, 2]))
+            q = a + b
+    return q
+
+
+@triton.jit
 def sum_slices(a):
     """sum over axis 0 of a [S, M, N] block (S 1, 2 or 4) as [M, N], by halves: each step adds two
     slices, one addition per element, so the result is the same in any register layout (a tl.sum
@@ -493,56 +569,80 @@ def sum_slices(a):
 
 @triton.jit
 def load_xbs(x_ptr, nw_ptr, K: tl.constexpr, k0, NORM: tl.constexpr, B: tl.constexpr, B_PAD: tl.constexpr,
-             S: tl.constexpr, KS: tl.constexpr, IEEE: tl.constexpr, ss):
+             S: tl.constexpr, KS: tl.constexpr, IEEE: tl.constexpr, XBF16: tl.constexpr, ss):
     """(columns [k0, k0+S*KS) of B float32 rows of K, read through L2 and times the norm weight
-    when NORM, as [S, B_PAD, KS]; the accumulator ``ss`` [S, B_PAD, 16] plus, with NORM, their sums
-    of squares over KS before the norm weight, in every column (``sum_squares``))."""
+    when NORM, as [S, B_PAD, KS]; the accumulator ``ss`` plus, with NORM, their sums of squares
+    over KS before the norm weight: [S, B_PAD, 16], every column the sum (``sum_squares``), or with
+    XBF16 [S, B_PAD, 1] (``sum_pairs``))."""
     b = tl.arange(0, B_PAD)[None, :, None]
     k = k0 + tl.arange(0, S)[:, None, None] * KS + tl.arange(0, KS)[None, None, :]
     x = tl.load(x_ptr + b * K + k, mask=(b < B) & (k < K), other=0.0, cache_modifier=".cg").to(tl.float32)
     if NORM:
-        ss = sum_squares(ss, x, IEEE)
+        if XBF16:
+            # the first level of sum_pairs' tree by hand: a fused multiply-add in one stated order,
+            # where the compiler could otherwise contract either product into the addition
+            a, b = tl.split(tl.reshape(x, [S, B_PAD, KS // 2, 2]))
+            ss += sum_pairs(tl.fma(a, a, b * b))
+        else:
+            ss = sum_squares(ss, x, IEEE)
         x = x * tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
     return x, ss
 
 
 @triton.jit
-def mac_dot_fp8(acc3, x3, w3, s3, EXACT: tl.constexpr):
+def round_bf16(x):
+    """float32 x rounded to the nearest bf16 (ties to even, as the GPU's conversion), as float32, by
+    integer ops: Triton's interpreter truncates in ``.to(tl.bfloat16)``. For finite x."""
+    b = x.to(tl.int32, bitcast=True)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & -65536
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def mac_dot_fp8(acc3, x3, w3, s3, EXACT: tl.constexpr, XBF16: tl.constexpr):
     """``mac_dot`` of FP8 weights: acc3[s] += (x3[s] @ w3[s]^T) * scale[s] (per output row; a
-    slice lies in one 128-column block). e4m3 converts to bf16 exactly, so the MMAs see the stored
-    weights and the scale is applied in float32 to each slice's partial sum; with 16-bit
-    activations x is split into a bf16 head and remainder as in ``mac_dot``. EXACT (a float32
-    model, the CPU's): the product in full float32 instead."""
-    wt = tl.permute(w3, (0, 2, 1))
+    slice lies in one 128-column block). ``w3``: ``load_wbs``' words; e4m3 converts to bf16
+    exactly (``e4m3_bf16``), so the MMAs see the stored weights and the scale is applied in
+    float32 to each slice's partial sum; with 16-bit activations x is split into a bf16 head and
+    remainder as in ``mac_dot``, or with XBF16 rounded to bf16. EXACT (a float32 model, the CPU's):
+    the product in full float32 instead (of x rounded to bf16 with XBF16, the same rounding)."""
+    wt = tl.permute(e4m3_bf16(w3, EXACT), (0, 2, 1))
     if EXACT:
-        part = tl.dot(x3, wt.to(tl.float32), input_precision="ieee")
+        if XBF16:
+            x3 = round_bf16(x3)
+        part = tl.dot(x3, wt, input_precision="ieee")
     else:
-        wb = wt.to(tl.bfloat16)
         xh = x3.to(tl.bfloat16)
-        xl = (x3 - xh.to(tl.float32)).to(tl.bfloat16)
-        part = tl.dot(xh, wb)
-        part = tl.dot(xl, wb, part)
+        part = tl.dot(xh, wt)
+        if not XBF16:
+            xl = (x3 - xh.to(tl.float32)).to(tl.bfloat16)
+            part = tl.dot(xl, wt, part)
     return acc3 + part * s3[:, None, :]
 
 
 @triton.jit
-def mac_dot(acc3, x3, w3):
+def mac_dot(acc3, x3, w3, XBF16: tl.constexpr):
     """acc3[s] += x3[s] @ w3[s]^T for each K-slice s, on tensor cores, accumulated in float32. Where
     the block is small the slices are a batched dot, so each warp multiplies its own slice of K (a
     single [16, 16] product would leave 4 warps computing copies of the same MMA tiles); the caller
     sums over s once per tile. bf16 weights stay bf16 (half the registers of a TF32 operand) and
     the float32 input is split into a bf16 head and a bf16 remainder, two MMAs: the product keeps
     16 of x's 24 bits, so a batch decodes as its sequences would alone to about 1e-5 (the MMAs are
-    free: the tile waits on memory). Other 16-bit weights use TF32; float32 weights (the CPU) full
-    float32."""
+    free: the tile waits on memory). With XBF16 the input is rounded to one bf16 operand instead
+    (one MMA, half the input's registers; as transformers multiplies bf16 weights). Other 16-bit
+    weights use TF32; float32 weights (the CPU) full float32, of x rounded to bf16 with XBF16 (so
+    the CPU's tests see that rounding)."""
     wt = tl.permute(w3, (0, 2, 1))
     if w3.dtype == tl.float32:
+        if XBF16:
+            x3 = round_bf16(x3)
         acc3 = tl.dot(x3, wt, acc3, input_precision="ieee")
     elif w3.dtype == tl.bfloat16:
         xh = x3.to(tl.bfloat16)
-        xl = (x3 - xh.to(tl.float32)).to(tl.bfloat16)
         acc3 = tl.dot(xh, wt, acc3)
-        acc3 = tl.dot(xl, wt, acc3)
+        if not XBF16:
+            xl = (x3 - xh.to(tl.float32)).to(tl.bfloat16)
+            acc3 = tl.dot(xl, wt, acc3)
     else:
         acc3 = tl.dot(x3, wt.to(tl.float32), acc3, input_precision="tf32")
     return acc3
@@ -587,11 +687,13 @@ def _batch_epilogue(acc3, acc3_2, ss2, row0, row_end, out_ptr, aux_ptr, eps, B: 
 @triton.jit
 def batch_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
                 B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, SB: tl.constexpr,
-                NORM: tl.constexpr, TWO: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
+                NORM: tl.constexpr, TWO: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr,
+                XBF16: tl.constexpr):
     """Tiles [t0, t1) of R rows of out[B, N] = X[B, K] @ W[N, K]^T (each input row RMS-normalised
     with its own statistics and the norm weight when NORM), weights read once for all B rows, then
     the epilogue EPI (STORE, RESIDUAL, ARGMAX, or GATEUP with W2 the up rows beside W's gate rows).
-    FP8 weights come with their scales ``ws`` (``ws2``: W2's), SB rows a scale row.
+    FP8 weights come with their scales ``ws`` (``ws2``: W2's), SB rows a scale row. XBF16: the
+    input goes into the MMAs as one bf16 operand, not split in two (``mac_dot``).
     After the wait on the input, one flat pipelined loop over (tile, K-chunk), so the pipeline
     does not drain between tiles. (Asking for the first chunk before the wait, as the batch-1 tiles
     do, did not pay here: more spills; docs/performance.md.) Returns the wait's last counter value."""
@@ -630,7 +732,8 @@ def batch_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, nw_ptr, eps, out
         seen = wait_counter(cnt_ptr, target, SPIN)
     acc3 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
     acc3_2 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
-    ss2 = tl.zeros([S, B_PAD, 16], dtype=tl.float32)     # sums of squares (NORM), 16 equal columns
+    SSW: tl.constexpr = 1 if XBF16 else 16     # sums of squares (NORM): 16 equal columns of a dot, or a tree's one
+    ss2 = tl.zeros([S, B_PAD, SSW], dtype=tl.float32)
     for it in tl.range(0, (t1 - t0) * NKC, num_stages=STAGES):
         q = it // NKC
         t = t0 + q
@@ -638,29 +741,30 @@ def batch_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, nw_ptr, eps, out
         w = load_wbs(w_ptr, t * R, row_end, K, k0, R, R_PAD, S, KS)
         if TWO:
             w2 = load_wbs(w2_ptr, t * R, row_end, K, k0, R, R_PAD, S, KS)
-        x, ss2 = load_xbs(in_ptr, nw_ptr, K, k0, NORM, B, B_PAD, S, KS, IEEE, ss2)
+        x, ss2 = load_xbs(in_ptr, nw_ptr, K, k0, NORM, B, B_PAD, S, KS, IEEE, XBF16, ss2)
         if FP8:
             sw = load_sbs(w_ptr, ws_ptr, t * R, row_end, K, k0, R, R_PAD, S, KS, SB)
-            acc3 = mac_dot_fp8(acc3, x, w, sw, EXACT)
+            acc3 = mac_dot_fp8(acc3, x, w, sw, EXACT, XBF16)
             if TWO:
                 sw2 = load_sbs(w2_ptr, ws2_ptr, t * R, row_end, K, k0, R, R_PAD, S, KS, SB)
-                acc3_2 = mac_dot_fp8(acc3_2, x, w2, sw2, EXACT)
+                acc3_2 = mac_dot_fp8(acc3_2, x, w2, sw2, EXACT, XBF16)
         else:
-            acc3 = mac_dot(acc3, x, w)
+            acc3 = mac_dot(acc3, x, w, XBF16)
             if TWO:
-                acc3_2 = mac_dot(acc3_2, x, w2)
+                acc3_2 = mac_dot(acc3_2, x, w2, XBF16)
         if k0 + KC >= K:     # the tile's last chunk: its epilogue, then a fresh accumulator
             _batch_epilogue(acc3, acc3_2, ss2, t * R, row_end, out_ptr, aux_ptr, eps, B, N, K, R, NORM, EPI)
             acc3 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
             acc3_2 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
-            ss2 = tl.zeros([S, B_PAD, 16], dtype=tl.float32)
+            ss2 = tl.zeros([S, B_PAD, SSW], dtype=tl.float32)
     return seen
 
 
 @triton.jit
 def gemv_batch(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
                B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-               SB: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
+               SB: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr,
+               XBF16: tl.constexpr):
     """``gemv_tile`` for batched plans (``batch_tiles``)."""
     return batch_tiles(t0, t1, w_ptr, w_ptr, ws_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
-                       B, N, K, R, SB, NORM, False, EPI, WAIT, SPIN)
+                       B, N, K, R, SB, NORM, False, EPI, WAIT, SPIN, XBF16)

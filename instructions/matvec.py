@@ -17,7 +17,7 @@ import triton.language as tl
 
 from scheduler.kinds import Op
 
-from .common import (ARGMAX, GATEUP, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, batch_tiles, claim,
+from .common import (ARGMAX, BT_BF16, GATEUP, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, batch_tiles, claim,
                      dot_rows2, gemv_tile, load_nw, load_s, load_w, load_xn, next_tile, stamp, wait_counter)
 from .kind import DeviceKind, weight_rows
 
@@ -42,7 +42,7 @@ def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, wgus_ptr, postnorm_ptr, act_ptr, 
     """Tiles [t0, t1) of gate and up, then with a POOL the pool's tiles as ``gemv_tile`` takes them."""
     if BT:     # (an else, not an early return: the code after a return is still compiled)
         seen = gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, wgus_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
-                            B, H, I, R, BK, SB, WAIT, SPIN)
+                            B, H, I, R, BK, SB, WAIT, SPIN, BT == BT_BF16)
     else:
         seen = gateup_rows_tiles(t0, t1, layer, x_ptr, wgu_ptr, wgus_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr,
                                  target, B, H, I, R, BK, SB, WAIT, SPIN, tr, TRACE, POOL, claims_ptr, claims_base)
@@ -136,13 +136,13 @@ def _gateup_scales(wgus_ptr, layer, H: tl.constexpr, I: tl.constexpr, SB: tl.con
 @triton.jit
 def gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, wgus_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                  B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-                 SB: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr):
+                 SB: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, XBF16: tl.constexpr):
     """``gateup_tile`` for batched plans: gate and up weights read once per tile for all B rows, which
     share each K-chunk's input load (``common.batch_tiles``)."""
     g_ptr = wgu_ptr + tl.cast(layer, tl.int64) * (2 * I * H)
     gs_ptr, us_ptr = _gateup_scales(wgus_ptr, layer, H, I, SB)
     return batch_tiles(t0, t1, g_ptr, g_ptr + I * H, gs_ptr, us_ptr, x_ptr, postnorm_ptr + layer * H, eps, act_ptr,
-                       act_ptr, cnt_ptr, target, B, I, H, R, SB, True, True, GATEUP, WAIT, SPIN)
+                       act_ptr, cnt_ptr, target, B, I, H, R, SB, True, True, GATEUP, WAIT, SPIN, XBF16)
 
 
 @triton.jit
@@ -159,40 +159,44 @@ def lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_ptr, eps, cnt
 @triton.jit
 def oproj_kernel(layer, attn_ptr, wo_ptr, x_ptr, wo_scale_ptr, B: tl.constexpr, H: tl.constexpr, HQ: tl.constexpr,
                  D: tl.constexpr, R_O: tl.constexpr, BK_Q: tl.constexpr, SCALE_ROWS: tl.constexpr,
-                 BATCHED: tl.constexpr):
+                 BATCHED: tl.constexpr, BATCH_INPUT: tl.constexpr):
     pid = tl.program_id(0)
+    BT: tl.constexpr = BATCHED * (1 + BATCH_INPUT)     # (common.gemv_tile)
     residual_tile(pid, pid + 1, layer, attn_ptr, wo_ptr, wo_scale_ptr, x_ptr, cnt_ptr=attn_ptr, target=0, B=B, N=H,
-                  K=HQ * D, R=R_O, BK=BK_Q, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BATCHED, tr=x_ptr, TRACE=False, POOL=0, claims_ptr=x_ptr,
+                  K=HQ * D, R=R_O, BK=BK_Q, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BT, tr=x_ptr, TRACE=False, POOL=0, claims_ptr=x_ptr,
                   claims_base=0)
 
 
 @triton.jit
 def down_kernel(layer, act_ptr, wdown_ptr, x_ptr, wdown_scale_ptr, B: tl.constexpr, H: tl.constexpr,
                 I: tl.constexpr, R_DOWN: tl.constexpr, BK_I: tl.constexpr, SCALE_ROWS: tl.constexpr,
-                BATCHED: tl.constexpr):
+                BATCHED: tl.constexpr, BATCH_INPUT: tl.constexpr):
     pid = tl.program_id(0)
+    BT: tl.constexpr = BATCHED * (1 + BATCH_INPUT)     # (common.gemv_tile)
     residual_tile(pid, pid + 1, layer, act_ptr, wdown_ptr, wdown_scale_ptr, x_ptr, cnt_ptr=act_ptr, target=0, B=B,
-                  N=H, K=I, R=R_DOWN, BK=BK_I, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BATCHED, tr=x_ptr, TRACE=False, POOL=0,
+                  N=H, K=I, R=R_DOWN, BK=BK_I, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BT, tr=x_ptr, TRACE=False, POOL=0,
                   claims_ptr=x_ptr, claims_base=0)
 
 
 @triton.jit
 def gateup_kernel(layer, x_ptr, wgate_up_ptr, wgate_up_scale_ptr, post_norm_ptr, act_ptr, eps, B: tl.constexpr,
                   H: tl.constexpr, I: tl.constexpr, R_GU: tl.constexpr, BK_H: tl.constexpr,
-                  SCALE_ROWS: tl.constexpr, BATCHED: tl.constexpr):
+                  SCALE_ROWS: tl.constexpr, BATCHED: tl.constexpr, BATCH_INPUT: tl.constexpr):
     pid = tl.program_id(0)
+    BT: tl.constexpr = BATCHED * (1 + BATCH_INPUT)     # (common.gemv_tile)
     gateup_tile(pid, pid + 1, layer, x_ptr, wgate_up_ptr, wgate_up_scale_ptr, post_norm_ptr, act_ptr, eps,
-                cnt_ptr=x_ptr, target=0, B=B, H=H, I=I, R=R_GU, BK=BK_H, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BATCHED, tr=x_ptr, TRACE=False, POOL=0,
+                cnt_ptr=x_ptr, target=0, B=B, H=H, I=I, R=R_GU, BK=BK_H, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BT, tr=x_ptr, TRACE=False, POOL=0,
                 claims_ptr=x_ptr, claims_base=0)
 
 
 @triton.jit
 def lmhead_kernel(x_ptr, lm_head_ptr, final_norm_ptr, logits_ptr, amax_ptr, eps, B: tl.constexpr,
                   H: tl.constexpr, V: tl.constexpr, R_LM: tl.constexpr, BK_H: tl.constexpr,
-                  BATCHED: tl.constexpr):
+                  BATCHED: tl.constexpr, BATCH_INPUT: tl.constexpr):
     pid = tl.program_id(0)
+    BT: tl.constexpr = BATCHED * (1 + BATCH_INPUT)     # (common.gemv_tile)
     lmhead_tile(pid, pid + 1, x_ptr, lm_head_ptr, final_norm_ptr, logits_ptr, amax_ptr, eps, cnt_ptr=x_ptr,
-                target=0, B=B, H=H, V=V, R=R_LM, BK=BK_H, WAIT=False, SPIN=0, BT=BATCHED, tr=x_ptr, TRACE=False,
+                target=0, B=B, H=H, V=V, R=R_LM, BK=BK_H, WAIT=False, SPIN=0, BT=BT, tr=x_ptr, TRACE=False,
                 POOL=0, claims_ptr=x_ptr, claims_base=0)
 
 

@@ -31,11 +31,12 @@ def qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, wqkv_s_ptr, innorm_ptr, qkv_ptr, ep
 @triton.jit
 def qkv_kernel(layer, x_ptr, wqkv_ptr, wqkv_scale_ptr, input_norm_ptr, qkv_ptr, eps, B: tl.constexpr,
                H: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, R_QKV: tl.constexpr,
-               BK_H: tl.constexpr, SCALE_ROWS: tl.constexpr, BATCHED: tl.constexpr):
+               BK_H: tl.constexpr, SCALE_ROWS: tl.constexpr, BATCHED: tl.constexpr, BATCH_INPUT: tl.constexpr):
     pid = tl.program_id(0)
+    BT: tl.constexpr = BATCHED * (1 + BATCH_INPUT)     # (common.gemv_tile)
     qkv_tile(pid, pid + 1, layer, x_ptr, wqkv_ptr, wqkv_scale_ptr, input_norm_ptr, qkv_ptr, eps, cnt_ptr=x_ptr,
              target=0, B=B, H=H, N=(HQ + 2 * HKV) * D, R=R_QKV, BK=BK_H, SB=SCALE_ROWS, WAIT=False, SPIN=0,
-             BT=BATCHED, tr=x_ptr, TRACE=False)
+             BT=BT, tr=x_ptr, TRACE=False)
 
 
 def qkv_ref(st, p, layer, t0, t1):

@@ -133,11 +133,12 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
                NSPLIT_PAD: tl.constexpr, KV_STAGES: tl.constexpr, ATTN_NEW: tl.constexpr, BATCHED: tl.constexpr,
                POOL_O: tl.constexpr, POOL_GU: tl.constexpr, POOL_DOWN: tl.constexpr, POOL_LM: tl.constexpr,
-               TP: tl.constexpr, R_AR: tl.constexpr, FP8: tl.constexpr, SPIN: tl.constexpr, TRACE: tl.constexpr,
-               PREFETCH_TAPE: tl.constexpr, SM_PAIRS: tl.constexpr):
+               TP: tl.constexpr, R_AR: tl.constexpr, FP8: tl.constexpr, BATCH_INPUT: tl.constexpr, SPIN: tl.constexpr,
+               TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr, SM_PAIRS: tl.constexpr):
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr + pid)
     QKV_N: tl.constexpr = (HQ + 2 * HKV) * D
+    BT: tl.constexpr = BATCHED * (1 + BATCH_INPUT)     # the GEMV tiles' kind (instructions.common.gemv_tile)
     failed = tl.atomic_add(err_ptr, 0, sem=RELAXED, scope="gpu")   # a failed earlier step stays failed
     me = pid                  # this program's tape row
     if SM_PAIRS > 0:
@@ -190,7 +191,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
             seen = target
             if op == OP_QKV:
                 seen = qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, wqkv_scale_ptr, input_norm_ptr, qkv_ptr, eps, cnt,
-                                target, B, H, QKV_N, R_QKV, BK_H, SCALE_ROWS, True, SPIN, BATCHED, tr, TRACE)
+                                target, B, H, QKV_N, R_QKV, BK_H, SCALE_ROWS, True, SPIN, BT, tr, TRACE)
             elif op == OP_ATTN:
                 seen = attn_tile(t0, t1, layer, qkv_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, lengths_ptr, s,
                                  k_cache_ptr, v_cache_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt, target,
@@ -198,28 +199,28 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                                  True, SPIN, tr, TRACE)
             elif op == OP_OPROJ:
                 seen = oproj_tile(t0, t1, layer, attn_ptr, wo_ptr, wo_scale_ptr, x_ptr, cnt, target, B, H, HQ * D, R_O,
-                                  BK_Q, SCALE_ROWS, True, SPIN, BATCHED, tr, TRACE, POOL_O, claims, claims_base)
+                                  BK_Q, SCALE_ROWS, True, SPIN, BT, tr, TRACE, POOL_O, claims, claims_base)
             elif op == OP_GATEUP:
                 seen = gateup_tile(t0, t1, layer, x_ptr, wgate_up_ptr, wgate_up_scale_ptr, post_norm_ptr, act_ptr, eps,
-                                   cnt, target, B, H, I, R_GU, BK_H, SCALE_ROWS, True, SPIN, BATCHED, tr, TRACE,
+                                   cnt, target, B, H, I, R_GU, BK_H, SCALE_ROWS, True, SPIN, BT, tr, TRACE,
                                    POOL_GU, claims, claims_base)
             elif op == OP_DOWN:
                 seen = down_tile(t0, t1, layer, act_ptr, wdown_ptr, wdown_scale_ptr, x_ptr, cnt, target, B, H, I, R_DOWN,
-                                 BK_I, SCALE_ROWS, True, SPIN, BATCHED, tr, TRACE, POOL_DOWN, claims, claims_base)
+                                 BK_I, SCALE_ROWS, True, SPIN, BT, tr, TRACE, POOL_DOWN, claims, claims_base)
             elif op == OP_LMHEAD:
                 seen = lmhead_tile(t0, t1, x_ptr, lm_head_ptr, final_norm_ptr, logits_ptr, amax_ptr, eps,
-                                   cnt, target, B, H, V, R_LM, BK_H, True, SPIN, BATCHED, tr, TRACE,
+                                   cnt, target, B, H, V, R_LM, BK_H, True, SPIN, BT, tr, TRACE,
                                    POOL_LM, claims, claims_base)
             elif op == OP_ARGMAX:
                 seen = argmax_tile(t0, t1, amax_ptr, tokens_ptr, lengths_ptr, hist_ptr, s, steps, cnt, target, B,
                                    True, SPIN)
             elif op == OP_OPART:
                 seen = opart_tile(t0, t1, layer, 2 * layer, attn_ptr, wo_ptr, wo_scale_ptr, part_ptr, cnt, target, B, H,
-                                  HQ * D, R_O, BK_Q, SCALE_ROWS, True, SPIN, BATCHED, tr, TRACE, POOL_O, claims,
+                                  HQ * D, R_O, BK_Q, SCALE_ROWS, True, SPIN, BT, tr, TRACE, POOL_O, claims,
                                   claims_base)
             elif op == OP_DPART:
                 seen = dpart_tile(t0, t1, layer, 2 * layer + 1, act_ptr, wdown_ptr, wdown_scale_ptr, part_ptr, cnt,
-                                  target, B, H, I, R_DOWN, BK_I, SCALE_ROWS, True, SPIN, BATCHED, tr, TRACE, POOL_DOWN,
+                                  target, B, H, I, R_DOWN, BK_I, SCALE_ROWS, True, SPIN, BT, tr, TRACE, POOL_DOWN,
                                   claims, claims_base)
             elif op == OP_REDUCE:
                 # (layer: the partial's slot)

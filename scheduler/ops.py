@@ -84,6 +84,14 @@ def next_pow2(n: int) -> int:
     return 1 << (max(1, n) - 1).bit_length()
 
 
+# How a batched tile (instructions.common.batch_tiles) feeds its float32 input to the tensor cores
+# beside 16-bit or FP8 weights: "split" into a bf16 head and a bf16 remainder, two MMAs a weight
+# block, about 16 bits of the input kept; "bf16" rounded to one bf16 operand, one MMA (as
+# transformers and vLLM multiply bf16 weights), with the RMSNorm sums of squares added by a
+# pairwise tree instead of three MMAs. The rules keep "split"; the other is an experiment.
+BATCH_INPUTS = {"split": 0, "bf16": 1}
+
+
 @dataclass(frozen=True)
 class Plan:
     """Tile sizes and buffer shapes for one (model, batch, max_seq_len, workers). Every field is a
@@ -119,8 +127,12 @@ class Plan:
     TP: int = 1         # tensor parallel ranks: shapes above are one rank's (models/qwen3/tp.py)
     R_AR: int = 1       # rows of x per REDUCE tile (TP > 1)
     FP8: int = 0        # 1: QKV, O, gate/up and down weights are block FP8 (one byte a weight, scales beside)
+    BATCH_INPUT: int = 0    # the batched tiles' MMA input, a value of BATCH_INPUTS (0: "split")
 
     def __post_init__(self):
+        if self.BATCH_INPUT not in BATCH_INPUTS.values():
+            raise ValueError(f"BATCH_INPUT={self.BATCH_INPUT} is not one of "
+                             + ", ".join(f"{v} ({k})" for k, v in BATCH_INPUTS.items()))
         if self.ATTN_NEW and self.NSPLIT < 2:
             raise ValueError(f"ATTN_NEW=1 needs NSPLIT >= 2 (split 0 holds the new position, the others the "
                              f"cache), not {self.NSPLIT}: set ATTN_NEW=0 with one split")

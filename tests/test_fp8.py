@@ -414,3 +414,75 @@ def test_fp8_weights_save_in_qwens_layout_and_load_back(tmp_path):
         assert torch.equal(getattr(back, name).view(torch.uint8), getattr(w, name).view(torch.uint8))
         assert torch.equal(getattr(back, name + "_scale"), getattr(w, name + "_scale"))
     assert torch.equal(back.dequantized().wqkv, w.dequantized().wqkv)
+
+
+# ---------------------------------------------------------------------------------------------
+# The batched tile's e4m3 -> bf16 (integer ops on both halves of a word, ``e4m3_bf16``)
+
+import triton  # noqa: E402  (after megakernel, which picks the interpreter on the CPU)
+import triton.language as tl  # noqa: E402
+
+from instructions.common import e4m3_bf16, e4m3_halves  # noqa: E402
+
+
+@triton.jit
+def _decode_bf16(w_ptr, halves_ptr, out_ptr, N: tl.constexpr, F32: tl.constexpr):
+    """The words as ``load_wbs`` reads them: their halves before the multiply by 2^120 (bytes 0 and 2
+    of word i at halves[i], 1 and 3 at halves[N / 4 + i]) and the decoded block, as one row."""
+    i = tl.arange(0, N // 4)
+    w = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + i)
+    even, odd = e4m3_halves(w)
+    tl.store(halves_ptr + i, even)
+    tl.store(halves_ptr + N // 4 + i, odd)
+    tl.store(out_ptr + tl.arange(0, N), tl.reshape(e4m3_bf16(tl.reshape(w, [1, 1, N // 4]), F32), [N]))
+
+
+@pytest.mark.parametrize("route", ["float32", pytest.param("bf16", marks=pytest.mark.gpu)])
+def test_e4m3_bf16_decode_is_exact_for_every_byte(route):
+    """Every e4m3 byte but NaN, in the byte order of a row: before the multiply, each half is the bf16
+    of the value times 2^-120 (a bf16 subnormal for the 14 e4m3 subnormals); after it, the decode is
+    the value's bf16 conversion bit for bit (``route`` bf16, the GPU's packed bf16 multiply; float32,
+    what a float32 model and the interpreter use, whose bf16 arithmetic flushes subnormals)."""
+    dev = "cuda" if route == "bf16" else ("cuda" if torch.cuda.is_available() else "cpu")
+    codes = torch.tensor([b for b in range(256) if b not in (0x7F, 0xFF)] + [0x00, 0x80], dtype=torch.uint8)
+    fp8 = codes.view(torch.float8_e4m3fn).to(dev)
+    halves = torch.empty(128, dtype=torch.int32, device=dev)
+    f32 = route == "float32"
+    out = torch.empty(256, dtype=torch.float32 if f32 else torch.bfloat16, device=dev)
+    _decode_bf16[(1,)](fp8, halves, out, N=256, F32=f32)
+    tiny = (fp8.float().cpu() * 2.0 ** -120).to(torch.bfloat16).view(torch.int16).long() & 0xFFFF
+    words = tiny.view(64, 4)
+    want = torch.cat([words[:, 0] | words[:, 2] << 16, words[:, 1] | words[:, 3] << 16])
+    assert torch.equal(halves.cpu().long() & 0xFFFFFFFF, want), "halves differ from bf16(value * 2^-120)"
+    assert int(((tiny & 0x7F80) == 0).logical_and(tiny & 0x7F != 0).sum()) == 14
+    ref = fp8.float() if f32 else fp8.to(torch.bfloat16)
+    assert torch.equal(out.view(torch.int32 if f32 else torch.int16), ref.view(torch.int32 if f32 else torch.int16))
+
+
+REGISTER_PATHS = dict(BATCHED=0, R_QKV=8, R_O=64, R_GU=8, R_DOWN=64, R_LM=8, BK_H=64, BK_Q=128, BK_I=128)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_fp8_register_tiles_every_path(tiny_checkpoint, seed, batch):
+    """The register tiles' FP8 paths the default plans of the tiny shape leave out: several K-chunks
+    (K 160 and 352 over chunks of 64 and 128), a tile whose rows span two scale rows (64 over 32)
+    with a chunk of one 128-column block, and two sequences through the register tiles (no
+    batched tile), against transformers on the dequantized weights."""
+    tiny = tiny_checkpoint(**SHAPE)
+    real = write_fp8_checkpoint(tiny)
+    model = load_model(str(tiny.folder), device="cpu", dtype=torch.float32, progress=False)
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, tiny.vocab_size, (n,), generator=g) for n in (4, 6)[:batch]]
+    mk = MegaQwen3(model, backend="megakernel", batch_size=batch, max_seq_len=10, plan_overrides=REGISTER_PATHS)
+    plan = mk.backend.plan
+    assert plan.FP8 == 1 and plan.BATCHED == 0 and plan.SCALE_ROWS == 32
+    assert (plan.R_O, plan.BK_Q, plan.BK_H) == (64, 128, 64)
+    mk.prefill(prompts)
+    tokens, logits = [mk.tokens.tolist()], [mk.logits.clone()]
+    mk.step()
+    tokens.append(mk.tokens.tolist())
+    logits.append(mk.logits.clone())
+    for b, prompt in enumerate(prompts):
+        want = oracle_logits(tiny, real, prompt, [t[b] for t in tokens[:-1]])
+        for i, (ours, theirs) in enumerate(zip([lg[b] for lg in logits], want)):
+            assert rel(ours, theirs) < 1e-5, f"sequence {b}, step {i}: relative error {rel(ours, theirs):.2e}"

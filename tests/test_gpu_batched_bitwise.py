@@ -19,9 +19,11 @@ pytestmark = pytest.mark.gpu
 SCRATCH = ("qkv", "attn", "act", "x")
 
 
-def _one_step(model, backend, prompt):
+def _one_step(model, backend, prompt, batch_input="split"):
     from megakernel import MegaQwen3
-    mk = MegaQwen3(model, max_seq_len=prompt.shape[1] + 8, batch_size=prompt.shape[0], backend=backend)
+    from scheduler.ops import BATCH_INPUTS
+    mk = MegaQwen3(model, max_seq_len=prompt.shape[1] + 8, batch_size=prompt.shape[0], backend=backend,
+                   plan_overrides={"BATCH_INPUT": BATCH_INPUTS[batch_input]})
     mk.prefill(prompt)
     before = (mk.cache.k.clone(), mk.cache.v.clone())
     mk.step()
@@ -34,12 +36,13 @@ def _one_step(model, backend, prompt):
     return out, before, plan
 
 
+@pytest.mark.parametrize("batch_input", ["split", "bf16"])     # the plan's BATCH_INPUT (scheduler.ops)
 @pytest.mark.parametrize("batch", [17, 32, 64])
-def test_per_op_step_equals_megakernel_bitwise(batch):
+def test_per_op_step_equals_megakernel_bitwise(batch, batch_input):
     model = _model("0.6b")
     prompt = _prompt(model.config.vocab_size, (batch, 24))
-    mega, mega_before, mega_plan = _one_step(model, "megakernel", prompt)
-    per_op, per_op_before, per_op_plan = _one_step(model, "per-op", prompt)
+    mega, mega_before, mega_plan = _one_step(model, "megakernel", prompt, batch_input)
+    per_op, per_op_before, per_op_plan = _one_step(model, "per-op", prompt, batch_input)
     assert mega_plan == per_op_plan, "the two backends chose different tiles: nothing to compare bit for bit"
     assert all(torch.equal(a, b) for a, b in zip(mega_before, per_op_before)), "the prefills differ"
     print(f"plan {mega_plan}")

@@ -1,0 +1,93 @@
+"""The batched tile's two ways of feeding its input to the tensor cores (the plan's BATCH_INPUT,
+``scheduler.ops.BATCH_INPUTS``): "split" (a bf16 head and remainder) and "bf16" (one bf16
+operand, the RMSNorm sums of squares added by a pairwise tree). On the CPU the models are float32,
+so "split" multiplies in full float32 and "bf16" rounds the input to bf16 (ties to even, as the
+GPU does) before the float32 product: each kernel backend must give the same bits as the others
+for the same variant, and both must follow transformers, "bf16" within bf16 rounding.
+"""
+
+import pytest
+import torch
+
+from megakernel import MegaQwen3, load_model
+from scheduler.ops import BATCH_INPUTS, make_plan
+
+from test_fp8 import SHAPE as FP8_SHAPE, oracle_logits, write_fp8_checkpoint
+from test_reference_vs_hf import random_prompt, rel_err
+
+KERNELS = ("megakernel", "superkernel", "per-op")
+SHAPE = dict(hidden=64, intermediate=128, heads=4, kv_heads=1, head_dim=16)
+
+
+def teacher_forced_logits(model, backend, prompts, fed, variant, chunk_cols):
+    """Each decode step's logits [steps, B, V], every step fed the tokens ``fed[s]`` (so all
+    backends and variants see the same inputs whatever their argmax)."""
+    overrides = {"BATCH_INPUT": BATCH_INPUTS[variant]}
+    mk = MegaQwen3(model, max_seq_len=32, batch_size=len(prompts), backend=backend, plan_overrides=overrides,
+                   max_bk=32)
+    assert mk.backend.plan.BATCHED == 1 and mk.backend.plan.BATCH_INPUT == BATCH_INPUTS[variant]
+    mk.prefill(prompts)
+    out = []
+    for tokens in fed:
+        mk.tokens.copy_(torch.tensor(tokens, dtype=mk.tokens.dtype))
+        mk.step()
+        out.append(mk.logits.clone())
+    return torch.stack(out)
+
+
+@torch.no_grad()
+def hf_logits(hf, prompt, fed_b):
+    """transformers' logits after each token of ``fed_b`` following the prompt (float32)."""
+    ids = torch.tensor([list(prompt) + list(fed_b)])
+    return hf(ids).logits[0, len(prompt):].float()
+
+
+@pytest.mark.parametrize("batch,chunk_cols,fp8", [(2, 16, False), (17, None, False), (2, None, True)],
+                         ids=["b2-16col-chunks", "b17", "b2-fp8"])
+def test_batch_input_variants_agree_across_backends_and_with_hf(tiny_checkpoint, seed, monkeypatch, batch,
+                                                                 chunk_cols, fp8):
+    """Batch 2 (with 16-column chunks, several a tile, each its own tree of squares), batch 17 (the
+    batch padded to 32 MMA rows) and FP8 weights at batch 2: for each variant the three kernel
+    backends give bitwise equal logits; against transformers (on the dequantized weights for FP8)
+    "split" is float32-exact and "bf16" within bf16 rounding, and the two variants differ (the
+    rounding is really done)."""
+    if chunk_cols:
+        import triton.language as tl
+
+        import instructions.common as common
+        monkeypatch.setattr(common, "BW_ELEMS", tl.constexpr(16 * chunk_cols))
+    tiny = tiny_checkpoint(**(FP8_SHAPE if fp8 else SHAPE))
+    real = write_fp8_checkpoint(tiny) if fp8 else None
+    model = load_model(str(tiny.folder), device="cpu", dtype=torch.float32, progress=False)
+    assert (model.quantization == "fp8") == fp8
+    g = torch.Generator().manual_seed(seed)
+    prompts = [random_prompt(int(n), tiny.vocab_size, seed + i)
+               for i, n in enumerate(torch.randint(1, 9, (batch,), generator=g))]
+    steps = 2
+    fed = torch.randint(0, tiny.vocab_size, (steps, batch), generator=g).tolist()
+    if fp8:
+        want = [oracle_logits(tiny, real, torch.tensor(p), [fed[s][b] for s in range(steps)])[1:]
+                for b, p in enumerate(prompts)]
+    else:
+        want = [hf_logits(tiny.hf, p, [fed[s][b] for s in range(steps)]) for b, p in enumerate(prompts)]
+    want = torch.stack(want, dim=1)     # [steps, B, V]
+    got = {}
+    for variant in BATCH_INPUTS:
+        runs = {be: teacher_forced_logits(model, be, prompts, fed, variant, chunk_cols) for be in KERNELS}
+        for be in KERNELS[1:]:
+            assert torch.equal(runs[be], runs[KERNELS[0]]), f"{variant}: {be} differs from {KERNELS[0]}"
+        got[variant] = runs[KERNELS[0]]
+    assert rel_err(got["split"], want) < 1e-5
+    err = rel_err(got["bf16"], want)
+    assert err < 1e-2, f"bf16 input: relative error {err:.2e} against transformers"
+    assert not torch.equal(got["bf16"], got["split"])
+
+
+def test_batch_input_is_checked():
+    """A plan's BATCH_INPUT outside BATCH_INPUTS is refused with the values it takes."""
+    from models.qwen3.config import PRESETS
+    plan = make_plan(PRESETS["0.6b"], 8, 128, 132)
+    assert plan.BATCH_INPUT == BATCH_INPUTS["split"]
+    import dataclasses
+    with pytest.raises(ValueError, match=r"BATCH_INPUT=2 is not one of 0 \(split\), 1 \(bf16\)"):
+        dataclasses.replace(plan, BATCH_INPUT=2)
