@@ -728,7 +728,8 @@ def bench(args) -> dict:
     cfg = model.config
     from . import plans
     for B in args.batch_sizes if "tuned" in args.plans else ():     # a missing tuned plan: before any timing
-        plans.choose("tuned", dev, cfg, model.dtype, B, args.max_seq_len, "megakernel", args.model, tp=args.tp)
+        plans.choose("tuned", dev, cfg, model.dtype, B, args.max_seq_len, "megakernel", args.model, tp=args.tp,
+                     quant=model.weights.quantization)
     seed = args.seed if args.seed is not None else int(time.time())
     g = torch.Generator().manual_seed(seed)
     bw = copy_bandwidth_gbps(dev)

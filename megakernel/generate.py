@@ -317,7 +317,7 @@ def run(args) -> dict:
 
     from . import plans
     # a missing tuned plan: now, before the load
-    plans.choose(args.plan, dev, here, dtype, B, max_seq_len, backend, args.model, tp=args.tp)
+    plans.choose(args.plan, dev, here, dtype, B, max_seq_len, backend, args.model, tp=args.tp, quant=quantize)
     t0 = time.perf_counter()
     rank = tp_mod.current().rank if args.tp > 1 else 0
     model = source.load(dev, dtype, progress=sys.stderr.isatty(), quantize=args.quantize, tp=args.tp, rank=rank)

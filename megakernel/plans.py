@@ -82,18 +82,22 @@ class Key:
     # tensor parallel degree: ``shape`` is then one rank's, and the tape has REDUCE stages (a
     # rank's plan is not a one-GPU plan of the same shapes); entries written without it are TP 1
     tp: int = 1
+    # the projections' quantization ("fp8"; "" for 16-bit weights): FP8 tiles read half the bytes,
+    # so a plan tuned on 16-bit weights is not theirs; entries written without it are 16-bit
+    quant: str = ""
 
     @classmethod
-    def of(cls, device, cfg, dtype, batch: int, max_seq_len: int, tp: int = 1) -> "Key":
+    def of(cls, device, cfg, dtype, batch: int, max_seq_len: int, tp: int = 1, quant: str | None = None) -> "Key":
         return cls(device_name(device), triton_version(), shape_name(cfg), dtype_name(dtype), int(batch),
-                   context_bucket(max_seq_len), int(tp))
+                   context_bucket(max_seq_len), int(tp), quant or "")
 
     def id(self) -> str:
         return (f"{self.device} | triton {self.triton} | {self.shape} | {self.dtype} | batch {self.batch} | "
-                f"context {self.context} | tp {self.tp}")
+                f"context {self.context} | tp {self.tp}{f' | {self.quant} weights' if self.quant else ''}")
 
     def describe(self) -> str:
-        return (f"{self.shape} {self.dtype} at batch {self.batch}, max_seq_len up to {self.context}"
+        return (f"{self.shape} {self.dtype}{f' with {self.quant} weights' if self.quant else ''} at batch "
+                f"{self.batch}, max_seq_len up to {self.context}"
                 f"{f', tensor parallel {self.tp}' if self.tp > 1 else ''}, on {self.device} with Triton {self.triton}")
 
 
@@ -240,17 +244,18 @@ def tune_command(key: Key, model: str = "MODEL") -> str:
 
 
 def choose(choice: str, device, cfg, dtype, batch: int, max_seq_len: int, backend: str = "megakernel",
-           model: str = "MODEL", path: Path | None = None, tp: int = 1) -> Choice:
+           model: str = "MODEL", path: Path | None = None, tp: int = 1, quant: str | None = None) -> Choice:
     """The plan for a run: ``auto`` the tuned one where cached, else the rules'; ``rules``;
     ``tuned``, where a missing entry is a ValueError that says how to make one. ``tp`` > 1:
-    ``cfg`` is one rank's shapes, and only an entry of that degree is used."""
+    ``cfg`` is one rank's shapes, and only an entry of that degree is used; ``quant`` ("fp8"):
+    only an entry tuned on weights of that format."""
     if choice not in CHOICES:
         raise ValueError(f"unknown plan {choice!r}: choose one of {', '.join(CHOICES)}")
     if backend not in PLANNED_BACKENDS:
         return Choice(None)
     if choice == "rules":
         return Choice("rules")
-    key = Key.of(device, cfg, dtype, batch, max_seq_len, tp)
+    key = Key.of(device, cfg, dtype, batch, max_seq_len, tp, quant)
     entry = lookup(key, path)
     if entry is None and choice == "tuned" and tp > 1:
         raise ValueError(f"no tuned plan for {key.describe()} in {path or cache_path()}: the tuner measures one "

@@ -127,7 +127,7 @@ class MegaQwen3:
         # the rules'; options given here win over the tuned ones
         from . import plans
         self.plan_choice = plans.choose(plan, dev, self.config, dt, batch_size, max_seq_len, backend, model.name,
-                                        tp=self.tp)
+                                        tp=self.tp, quant=model.weights.quantization)
         options = {**self.plan_choice.options(), **backend_options}
         if self.plan_choice.entry is not None and backend_options.get("plan_overrides"):
             options["plan_overrides"] = {**self.plan_choice.entry.fields, **backend_options["plan_overrides"]}

@@ -259,7 +259,8 @@ class Tuner:
         P = max(1, min(prompt_len, max_seq_len - self.steps - 1))
         g = torch.Generator().manual_seed(seed)
         self.prompt = torch.randint(0, model.config.vocab_size, (batch_size, P), generator=g)
-        self.key = plans.Key.of(dev, model.config, model.dtype, batch_size, max_seq_len)
+        self.key = plans.Key.of(dev, model.config, model.dtype, batch_size, max_seq_len,
+                                quant=model.weights.quantization)
         self.measured: dict[Candidate, Measured] = {}
 
     def workers(self, cand: Candidate) -> int:

@@ -138,6 +138,26 @@ def test_plans_of_another_device_or_triton_are_not_used(tiny_model):
     assert MegaQwen3(tiny_model, max_seq_len=64, backend="reference").plan_choice.name is None
 
 
+def test_a_plan_tuned_on_16_bit_weights_is_not_used_for_fp8(tiny_model):
+    """FP8 tiles read half the bytes: a plan tuned on the model's 16-bit weights is not theirs, and
+    one tuned on FP8 weights is not a 16-bit run's (the key names the format; entries written
+    before it existed are 16-bit)."""
+    from dataclasses import replace
+    from megakernel import MegaQwen3, plans
+    key = plans.Key.of("cpu", tiny_model.config, tiny_model.dtype, 1, 64)
+    assert key.quant == "" and plans.Key.of("cpu", tiny_model.config, tiny_model.dtype, 1, 64, quant="fp8") \
+        == replace(key, quant="fp8")
+    plans.save([_entry(plans, key, KV_STAGES=2)])
+    assert plans.choose("auto", "cpu", tiny_model.config, tiny_model.dtype, 1, 64, quant="fp8").name == "rules"
+    with pytest.raises(ValueError, match="no tuned plan for .* with fp8 weights"):
+        plans.choose("tuned", "cpu", tiny_model.config, tiny_model.dtype, 1, 64, quant="fp8")
+    plans.save([_entry(plans, replace(key, quant="fp8"), KV_STAGES=1)])
+    assert plans.choose("tuned", "cpu", tiny_model.config, tiny_model.dtype, 1, 64, quant="fp8").entry.fields \
+        == {"KV_STAGES": 1}
+    mk = MegaQwen3(tiny_model, max_seq_len=64, backend="megakernel", plan="tuned")     # 16-bit weights
+    assert mk.backend.plan.KV_STAGES == 2
+
+
 @pytest.mark.parametrize("text", ["{not json", '{"format": 99, "entries": {}}', "[1, 2]",
                                   '{"format": 1, "entries": {"k": {"key": {"device": "x"}}}}'])
 def test_a_corrupt_cache_is_ignored_with_a_warning(tiny_model, capsys, text):
