@@ -157,7 +157,8 @@ def check_plan(plan: Plan, num_warps: int = 4) -> str | None:
 def moves(base: Plan, cand: Candidate, workers: int, cuda: bool) -> list[Candidate]:
     """The one-field moves from ``cand`` (relative to ``base``, the rules' plan at its worker
     count), most promising first: pools on/off, attention splits, rows per tile, workers per SM,
-    placement, K-chunks, attention blocks and pipeline depth, the new-position split."""
+    placement, K-chunks, attention blocks and pipeline depth, the new-position split, the batched
+    tiles' input (split or bf16)."""
     p = replace(base, **cand.overrides)
     out: list[tuple[Plan, str, int | None]] = []
 
@@ -192,6 +193,8 @@ def moves(base: Plan, cand: Candidate, workers: int, cuda: bool) -> list[Candida
             add(replace(p, KV_STAGES=v))
     if p.NSPLIT >= 2:
         add(replace(p, ATTN_NEW=1 - p.ATTN_NEW))
+    if p.BATCHED:       # last: one bf16 MMA measured slower than the split input on an H100
+        add(replace(p, BATCH_INPUT=1 - p.BATCH_INPUT))
     seen, result = {cand}, []
     for plan, strategy, wps in out:
         c = Candidate((), strategy, wps) if plan is None else Candidate.of(base, plan, strategy, wps)

@@ -213,6 +213,7 @@ def test_every_move_is_checked_or_named():
         cands = moves(base, Candidate(), 264, cuda=True)
         assert 10 <= len(cands) <= 40 and len(set(cands)) == len(cands)
         assert Candidate((), "balanced", 1) in cands
+        assert any(c.overrides.get("BATCH_INPUT") == 1 for c in cands) == bool(base.BATCHED)
         valid = 0
         for c in cands[:6]:
             if c.workers_per_sm:
