@@ -7,11 +7,9 @@ Run on the device machine: python3 -m pytest -m gpu tests/test_gpu_batched.py -v
 import pytest
 import torch
 
-from test_gpu_sizes import _generate, _model, _prompt
+from test_gpu_sizes import _model, _prompt, assert_kernel_backends_agree
 
 pytestmark = pytest.mark.gpu
-
-BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph")
 
 
 @pytest.mark.parametrize("size", ["0.6b", "8b"])
@@ -19,9 +17,6 @@ BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph")
 def test_kernel_backends_agree(size, batch):
     model = _model(size)
     prompt = _prompt(model.config.vocab_size, (batch, 32))
-    out = {be: _generate(model, be, prompt, 32) for be in BACKENDS}
-    for be in BACKENDS[1:]:
-        diff = (out[be] != out["megakernel"]).nonzero()
-        assert not len(diff), f"{be} parts from megakernel at sequence {int(diff[0, 0])} step {int(diff[0, 1])}"
+    assert_kernel_backends_agree(model, prompt, 32)
     del model
     torch.cuda.empty_cache()

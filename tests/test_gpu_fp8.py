@@ -13,12 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_gpu_reference import CLEAR_MARGIN, agree
-from test_gpu_sizes import _generate, _prompt
+from test_gpu_reference import CLEAR_MARGIN, agree, teacher_forced
+from test_gpu_sizes import _prompt, assert_kernel_backends_agree
 
 pytestmark = pytest.mark.gpu
 
-BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph")
 POSITIONS = 256
 MIN_CLEAR = 32   # positions where float32 clearly decides: at 99%, none of them may part
 
@@ -38,27 +37,9 @@ def test_8b_fp8_kernel_backends_agree(batch):
     model = _fp8_model("8b")
     assert model.quantization == "fp8" and model.weights.wqkv.dtype == torch.float8_e4m3fn
     prompt = _prompt(model.config.vocab_size, (batch, 32))
-    out = {be: _generate(model, be, prompt, 128) for be in BACKENDS}
-    for be in BACKENDS[1:]:
-        diff = (out[be] != out["megakernel"]).nonzero()
-        assert not len(diff), f"{be} parts from megakernel at sequence {int(diff[0, 0])} step {int(diff[0, 1])}"
+    assert_kernel_backends_agree(model, prompt, 128)
     del model
     torch.cuda.empty_cache()
-
-
-def teacher_forced(model, ids: torch.Tensor, backend: str) -> torch.Tensor:
-    """Logits [len(ids) - 1, V] through ``backend``'s decode step: prefill one token, then the true
-    next token at every step."""
-    from megakernel import MegaQwen3
-    n = len(ids) - 1
-    mk = MegaQwen3(model, backend=backend, max_seq_len=n + 8)
-    mk.prefill(ids[None, :1])
-    out = [mk.logits[0].clone()]
-    for i in range(1, n):
-        mk.tokens.fill_(int(ids[i]))
-        mk.step()
-        out.append(mk.logits[0].clone())
-    return torch.stack(out)
 
 
 def _float32_reference(model):

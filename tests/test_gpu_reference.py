@@ -37,13 +37,14 @@ def hf_model(cfg, weights, dtype):
     return hf
 
 
-def teacher_forced(model, ids: torch.Tensor) -> torch.Tensor:
-    """Our logits [POSITIONS, V] through the decode path: prefill one token, then feed the true
-    next token at every step."""
-    mk = MegaQwen3(model, backend="reference", max_seq_len=POSITIONS + 8)
+def teacher_forced(model, ids: torch.Tensor, backend: str = "reference") -> torch.Tensor:
+    """Our logits [len(ids) - 1, V] through ``backend``'s decode step: prefill one token, then feed
+    the true next token at every step."""
+    n = len(ids) - 1
+    mk = MegaQwen3(model, backend=backend, max_seq_len=n + 8)
     mk.prefill(ids[None, :1])
     out = [mk.logits[0].clone()]
-    for i in range(1, POSITIONS):
+    for i in range(1, n):
         mk.tokens.fill_(int(ids[i]))
         mk.step()
         out.append(mk.logits[0].clone())

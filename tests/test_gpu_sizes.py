@@ -34,6 +34,17 @@ def _generate(model, backend, prompt, n, max_seq_len=None):
     return out
 
 
+KERNEL_BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph")
+
+
+def assert_kernel_backends_agree(model, prompt, n):
+    """The four kernel backends generate the same ``n`` greedy tokens of every sequence of ``prompt``."""
+    out = {be: _generate(model, be, prompt, n) for be in KERNEL_BACKENDS}
+    for be in KERNEL_BACKENDS[1:]:
+        diff = (out[be] != out["megakernel"]).nonzero()
+        assert not len(diff), f"{be} parts from megakernel at sequence {int(diff[0, 0])} step {int(diff[0, 1])}"
+
+
 @pytest.mark.parametrize("size", ["1.7b", "8b"])
 def test_megakernel_equals_per_op(size):
     model = _model(size)

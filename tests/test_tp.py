@@ -90,6 +90,16 @@ def tp_checkpoint(tmp_path_factory):
     return build_checkpoint(tmp_path_factory.mktemp("tp") / "ckpt", SEED, heads=4, kv_heads=2)
 
 
+def assert_tp2_equals_tp1(ranks, one, backends):
+    """Each backend's TP 2 run gives TP 1's tokens (``one``: tokens, logits), the two ranks' tokens
+    and logits equal to the bit, and logits within float32 rounding of TP 1's."""
+    for backend in backends:
+        (tok0, lg0), (tok1, lg1) = ranks[0][backend], ranks[1][backend]
+        assert tok0.tolist() == one[0].tolist(), backend
+        assert torch.equal(tok0, tok1) and torch.equal(lg0, lg1), backend
+        torch.testing.assert_close(lg0, one[1], rtol=1e-4, atol=1e-4, msg=backend)
+
+
 def test_tp2_equals_tp1_on_every_backend(tp_checkpoint):
     """Two gloo processes running reference, vm, per-op and the megakernel at TP 2 give TP 1's
     tokens, and logits within float32 rounding of TP 1's (the sums are split differently), the
@@ -98,11 +108,7 @@ def test_tp2_equals_tp1_on_every_backend(tp_checkpoint):
     backends = ("reference", "vm", "per-op", "megakernel")
     one = tp_ranks.decode(0, 1, folder, ["reference"], PROMPTS, 5)["reference"]
     ranks = tp_mod.spawn(2, tp_ranks.decode, 2, folder, backends, PROMPTS, 5, timeout_s=300)
-    for backend in backends:
-        (tok0, lg0), (tok1, lg1) = ranks[0][backend], ranks[1][backend]
-        assert tok0.tolist() == one[0].tolist(), backend
-        assert torch.equal(tok0, tok1) and torch.equal(lg0, lg1), backend
-        torch.testing.assert_close(lg0, one[1], rtol=1e-4, atol=1e-4, msg=backend)
+    assert_tp2_equals_tp1(ranks, one, backends)
 
 
 def test_tp2_megakernel_several_steps_a_launch(tp_checkpoint):
@@ -224,11 +230,7 @@ def test_tp2_fp8_equals_tp1_fp8(tmp_path):
     backends = ("reference", "per-op", "megakernel")
     one = tp_ranks.decode(0, 1, folder, ["megakernel"], PROMPTS, 4)["megakernel"]
     ranks = tp_mod.spawn(2, tp_ranks.decode, 2, folder, backends, PROMPTS, 4, timeout_s=300)
-    for backend in backends:
-        (tok0, lg0), (tok1, lg1) = ranks[0][backend], ranks[1][backend]
-        assert tok0.tolist() == one[0].tolist(), backend
-        assert torch.equal(tok0, tok1) and torch.equal(lg0, lg1), backend
-        torch.testing.assert_close(lg0, one[1], rtol=1e-4, atol=1e-4, msg=backend)
+    assert_tp2_equals_tp1(ranks, one, backends)
 
 
 def test_generate_cli_refuses_fp8_tp_that_does_not_split(cli):
