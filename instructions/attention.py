@@ -271,9 +271,12 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
     kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
     seen = target
     if WAIT:
-        # an empty split reads nothing of this step's (it only takes its ticket): no wait
-        if (t1 - t0 > 1) | _active(t0, lo, pos, NSPLIT, NEW):
-            seen = wait_counter(cnt_ptr, target, SPIN)
+        # Every split waits, an empty one too: its ticket must come after this layer's QKV (so after
+        # the layer before it). Tickets of (b, g) are shared by the layers and steps, and an empty
+        # split that took its ticket unwaited let a worker holding only empty splits run ahead and
+        # take later layers' tickets among this one's: the combine then ran early, on partials not
+        # yet written (seen at batch 2+ where few stages cover every worker: 4 q heads, 2 kv heads).
+        seen = wait_counter(cnt_ptr, target, SPIN)
     stamp(tr, T_WAITED, seen, TRACE)
     for t in range(t0, t1):
         if t > t0:
