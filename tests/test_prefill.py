@@ -320,6 +320,14 @@ def test_gpu_fused_kernels_within_bf16_rounding(seed):
     assert rel_err(k_got, k_want) < 4e-3
     assert torch.equal(v_got, qkv[:, (Hq + Hkv) * D:].view(n, Hkv, D))
     assert not k_cache[0, :, :, 700:].any() and not v_cache[2, :, :, 300:].any()
+    # launched again through the kept compiled kernel, and with token descriptors 8 bytes off the
+    # 16-byte alignment (another specialization, so another kernel): the same rows
+    for start in (0, 0, 1):
+        again = torch.empty(n - start, Hq, D, dtype=bf16, device=dev)
+        prefill_kernels.qk_norm_rope_cache(qkv[start:], q_norm, k_norm, cos[start:], sin[start:], seq[start:],
+                                           pos[start:], k_cache, v_cache, again, eps)
+        assert torch.equal(again, q[start:])
+    assert len(prefill_kernels._qk_launch.compiled) >= 2
 
     gate_up = (4 * torch.randn(n, 2 * 3072, generator=g, device=dev)).to(bf16)
     act = prefill_kernels.silu_mul(gate_up, torch.empty(n, 3072, dtype=bf16, device=dev))
