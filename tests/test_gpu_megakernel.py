@@ -10,7 +10,7 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
-KERNEL_BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph")
+from test_gpu_sizes import _generate, assert_kernel_backends_agree
 
 
 @pytest.fixture(scope="module")
@@ -28,20 +28,8 @@ def prompt(model):
     return torch.randint(0, model.config.vocab_size, (1, 64), generator=torch.Generator().manual_seed(seed))
 
 
-def _generate(model, backend, prompt, n, **opts):
-    from megakernel import MegaQwen3
-    mk = MegaQwen3(model, max_seq_len=prompt.shape[1] + n + 8, batch_size=prompt.shape[0], backend=backend, **opts)
-    out = mk.generate(prompt, max_new_tokens=n)
-    if hasattr(mk.backend, "synchronize"):
-        mk.backend.synchronize()
-    return out
-
-
 def test_backends_agree_256_steps(model, prompt):
-    outs = {b: _generate(model, b, prompt, 256) for b in KERNEL_BACKENDS}
-    for b in KERNEL_BACKENDS[1:]:
-        same = (outs[b] == outs["megakernel"])
-        assert bool(same.all()), f"{b} differs from megakernel from step {int((~same[0]).nonzero()[0])}"
+    assert_kernel_backends_agree(model, prompt, 256)
 
 
 def test_teacher_forced_agreement_with_reference(model, prompt):

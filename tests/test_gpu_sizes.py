@@ -25,13 +25,18 @@ def _prompt(vocab, shape):
     return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
 
 
-def _generate(model, backend, prompt, n, max_seq_len=None, **options):
+def _decode(model, backend, prompt, n, max_seq_len=None, **options):
+    """(``n`` greedy tokens of every sequence of ``prompt``, the MegaQwen3 that made them)."""
     from megakernel import MegaQwen3
     mk = MegaQwen3(model, max_seq_len=max_seq_len or prompt.shape[1] + n + 8, batch_size=prompt.shape[0],
                    backend=backend, **options)
     out = mk.generate(prompt, max_new_tokens=n)
     mk.backend.synchronize() if hasattr(mk.backend, "synchronize") else None
-    return out
+    return out, mk
+
+
+def _generate(model, backend, prompt, n, max_seq_len=None, **options):
+    return _decode(model, backend, prompt, n, max_seq_len, **options)[0]
 
 
 KERNEL_BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph")
@@ -42,10 +47,12 @@ def assert_kernel_backends_agree(model, prompt, n):
     on one plan: the plan depends on the worker count, and the persistent backends run fewer workers
     where two programs do not fit an SM (per-op always plans for two), so every backend gets the
     megakernel's worker count."""
-    from megakernel import MegaQwen3
-    workers = MegaQwen3(model, max_seq_len=prompt.shape[1] + n + 8, batch_size=prompt.shape[0],
-                        backend="megakernel").backend.tape.num_workers
-    out = {be: _generate(model, be, prompt, n, num_workers=workers) for be in KERNEL_BACKENDS}
+    out = {}
+    out["megakernel"], mk = _decode(model, "megakernel", prompt, n)
+    workers = mk.backend.tape.num_workers
+    del mk
+    for be in KERNEL_BACKENDS[1:]:
+        out[be] = _generate(model, be, prompt, n, num_workers=workers)
     for be in KERNEL_BACKENDS[1:]:
         diff = (out[be] != out["megakernel"]).nonzero()
         assert not len(diff), f"{be} parts from megakernel at sequence {int(diff[0, 0])} step {int(diff[0, 1])}"
