@@ -271,11 +271,10 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
     kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
     seen = target
     if WAIT:
-        # Every split waits, an empty one too: its ticket must come after this layer's QKV (so after
-        # the layer before it). Tickets of (b, g) are shared by the layers and steps, and an empty
-        # split that took its ticket unwaited let a worker holding only empty splits run ahead and
-        # take later layers' tickets among this one's: the combine then ran early, on partials not
-        # yet written (seen at batch 2+ where few stages cover every worker: 4 q heads, 2 kv heads).
+        # Every split waits, an empty one too: the tickets of (b, g) serve every layer and step, so
+        # a ticket must come after this layer's QKV (and so after the layer before it). Unwaited,
+        # a worker holding only empty splits runs ahead and takes later layers' tickets among this
+        # one's, and the combine runs on partials not yet written.
         seen = wait_counter(cnt_ptr, target, SPIN)
     stamp(tr, T_WAITED, seen, TRACE)
     for t in range(t0, t1):
