@@ -42,8 +42,9 @@ import triton.language as tl
 
 from scheduler.kinds import Op
 
-from .common import ACQUIRE, RELAXED, RELEASE, STORE, gemv_tile, wait_counter
-from .kind import DeviceKind, weight_rows
+from .common import ACQUIRE, RELAXED, RELEASE, STORE, wait_counter
+from .kind import DeviceKind, split_rows, weight_rows
+from .tiles import TICK_DOWN, TICK_O, TICK_STRIDE, gemv_tile
 
 # ``seen`` codes of a REDUCE that gave up (below every legal count, which is >= 0)
 PEER_TIMEOUT: tl.constexpr = tl.constexpr(-16)          # - r: rank r's flag never reached this step
@@ -54,13 +55,14 @@ ABORTED: tl.constexpr = tl.constexpr(-(1 << 20))        # - r: rank r wrote the 
 def partial_tile(t0, t1, layer, slot, in_ptr, w_base, ws_base, part_ptr, cnt_ptr, target,
                  B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
                  SB: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr,
-                 POOL: tl.constexpr, claims_ptr, claims_base):
+                 POOL: tl.constexpr, claims_ptr, claims_base, kpart_ptr, tick_ptr, SK: tl.constexpr):
     """part[slot, b, rows] = W[layer, rows] @ in[b]: this rank's partial sum of O (in = attn) or
     down (in = act); FP8 weights with their scale grid at ``ws_base`` (``matvec.residual_tile``)."""
     return gemv_tile(t0, t1, w_base + tl.cast(layer, tl.int64) * (N * K),
                      ws_base + layer * ((N + SB - 1) // SB * ((K + 127) // 128)), in_ptr, in_ptr, 0.0,
                      part_ptr + tl.cast(slot, tl.int64) * (B * N), part_ptr, cnt_ptr, target, B, N, K, R, BK, SB,
-                     False, STORE, WAIT, SPIN, BT, tr, TRACE, POOL, claims_ptr, claims_base)
+                     False, STORE, WAIT, SPIN, BT, tr, TRACE, POOL, claims_ptr, claims_base, kpart_ptr, tick_ptr, SK,
+                     part_ptr, part_ptr, part_ptr)     # (no xs: the plans of TP > 1 keep the batch-on-M tile)
 
 
 @triton.jit
@@ -115,23 +117,23 @@ def reduce_tile(t0, t1, slot, part_ptr, x_ptr, peers_ptr, flags_ptr, cnt_ptr, ta
 @triton.jit
 def opart_kernel(layer, attn_ptr, wo_ptr, wo_scale_ptr, part_ptr, B: tl.constexpr, H: tl.constexpr,
                  HQ: tl.constexpr, D: tl.constexpr, R_O: tl.constexpr, BK_Q: tl.constexpr, SCALE_ROWS: tl.constexpr,
-                 BATCHED: tl.constexpr, BATCH_INPUT: tl.constexpr):
+                 BT: tl.constexpr, kpart_ptr, kticks_ptr, SK_O: tl.constexpr):
     pid = tl.program_id(0)
-    BT: tl.constexpr = BATCHED * (1 + BATCH_INPUT)     # (common.gemv_tile)
     partial_tile(pid, pid + 1, layer, 2 * layer, attn_ptr, wo_ptr, wo_scale_ptr, part_ptr, cnt_ptr=attn_ptr, target=0,
                  B=B, N=H, K=HQ * D, R=R_O, BK=BK_Q, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BT, tr=part_ptr,
-                 TRACE=False, POOL=0, claims_ptr=part_ptr, claims_base=0)
+                 TRACE=False, POOL=0, claims_ptr=part_ptr, claims_base=0, kpart_ptr=kpart_ptr,
+                 tick_ptr=kticks_ptr + TICK_O * TICK_STRIDE, SK=SK_O)
 
 
 @triton.jit
 def dpart_kernel(layer, act_ptr, wdown_ptr, wdown_scale_ptr, part_ptr, B: tl.constexpr, H: tl.constexpr,
                  I: tl.constexpr, R_DOWN: tl.constexpr, BK_I: tl.constexpr, SCALE_ROWS: tl.constexpr,
-                 BATCHED: tl.constexpr, BATCH_INPUT: tl.constexpr):
+                 BT: tl.constexpr, kpart_ptr, kticks_ptr, SK_DOWN: tl.constexpr):
     pid = tl.program_id(0)
-    BT: tl.constexpr = BATCHED * (1 + BATCH_INPUT)     # (common.gemv_tile)
     partial_tile(pid, pid + 1, layer, 2 * layer + 1, act_ptr, wdown_ptr, wdown_scale_ptr, part_ptr, cnt_ptr=act_ptr,
                  target=0, B=B, N=H, K=I, R=R_DOWN, BK=BK_I, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BT,
-                 tr=part_ptr, TRACE=False, POOL=0, claims_ptr=part_ptr, claims_base=0)
+                 tr=part_ptr, TRACE=False, POOL=0, claims_ptr=part_ptr, claims_base=0, kpart_ptr=kpart_ptr,
+                 tick_ptr=kticks_ptr + TICK_DOWN * TICK_STRIDE, SK=SK_DOWN)
 
 
 def _rows(t0, t1, R, N):
@@ -139,13 +141,15 @@ def _rows(t0, t1, R, N):
 
 
 def opart_ref(st, p, layer, t0, t1):
-    r = _rows(t0, t1, p.R_O, p.H)
-    st.part[2 * layer][:, r] = st.attn.float() @ weight_rows(st, p, "wo", layer, r).T
+    r = split_rows(t0, t1, p.R_O, p.SK_O, p.H)
+    if r is not None:
+        st.part[2 * layer][:, r] = st.attn.float() @ weight_rows(st, p, "wo", layer, r).T
 
 
 def dpart_ref(st, p, layer, t0, t1):
-    r = _rows(t0, t1, p.R_DOWN, p.H)
-    st.part[2 * layer + 1][:, r] = st.act.float() @ weight_rows(st, p, "wdown", layer, r).T
+    r = split_rows(t0, t1, p.R_DOWN, p.SK_DOWN, p.H)
+    if r is not None:
+        st.part[2 * layer + 1][:, r] = st.act.float() @ weight_rows(st, p, "wdown", layer, r).T
 
 
 def reduce_ref(st, p, slot, t0, t1):
@@ -173,9 +177,10 @@ def reduce_host(st, plan, layer):
 
 
 KINDS = (
-    DeviceKind(Op.OPART, partial_tile, opart_kernel, opart_ref, reads=("attn", "wo", "wo_scale"), writes=("part",)),
+    DeviceKind(Op.OPART, partial_tile, opart_kernel, opart_ref, reads=("attn", "wo", "wo_scale"),
+               writes=("part", "kpart", "kticks")),
     DeviceKind(Op.DPART, partial_tile, dpart_kernel, dpart_ref, reads=("act", "wdown", "wdown_scale"),
-               writes=("part",)),
+               writes=("part", "kpart", "kticks")),
     DeviceKind(Op.REDUCE, reduce_tile, None, reduce_ref, reads=("part", "peers", "flags", "x"),
                writes=("x", "flags"), host=reduce_host),
 )

@@ -338,33 +338,13 @@ def next_tile(t, t1, c, claims_ptr, claims_base, NT: tl.constexpr, POOL: tl.cons
     return nt, c
 
 
-# The GEMV tiles' kind (``gemv_tile``'s BT), from the plan: BATCHED * (1 + BATCH_INPUT), so 0 for
-# the register tiles and, for the batched tile, 1 + scheduler.ops.BATCH_INPUTS' value.
+# The GEMV tiles' kind (``tiles.gemv_tile``'s BT, the plan's ``Plan.BT``): 0 the register tiles,
+# BT_SPLIT or BT_BF16 the batch-on-M tile (``batch_tiles``) with its input split or in bf16, and
+# BT_SWAP or BT_SWAP_BF16 the weights-on-M tile (``instructions.wgmma``).
 BT_SPLIT: tl.constexpr = tl.constexpr(1)
 BT_BF16: tl.constexpr = tl.constexpr(2)
-
-
-@triton.jit
-def gemv_tile(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
-              B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-              SB: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr,
-              BT: tl.constexpr, tr, TRACE: tl.constexpr, POOL: tl.constexpr, claims_ptr, claims_base):
-    """Tiles [t0, t1) of rows R of a row-major [N, K] GEMV over each of B input rows (RMS-normalised
-    with weight ``nw`` when NORM), with the epilogue EPI (FP8 weights with their scales ``ws``
-    at SB rows a scale row); then, with a POOL (the op's last POOL
-    tiles, ``scheduler/ops.py``), pool tiles claimed from ``claims_ptr`` until it runs out, each
-    claim asked for a tile before it is needed. The first tile's weights (and the norm weight)
-    are loaded before the wait (weights never depend on activations), each next tile's while this
-    one computes. (Only the first: more weights in flight before the wait measured slower, see
-    docs/performance.md.) BT: 0 these register tiles; BT_SPLIT or BT_BF16 the batched tile
-    (``batch_tiles``) with its input split or in bf16 (the plan's BATCHED and BATCH_INPUT)."""
-    if BT:     # (an else, not an early return: the code after a return is still compiled)
-        seen = gemv_batch(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
-                          B, N, K, R, BK, SB, NORM, EPI, WAIT, SPIN, BT == BT_BF16)
-    else:
-        seen = gemv_rows_tiles(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
-                               B, N, K, R, BK, SB, NORM, EPI, WAIT, SPIN, tr, TRACE, POOL, claims_ptr, claims_base)
-    return seen
+BT_SWAP: tl.constexpr = tl.constexpr(3)
+BT_SWAP_BF16: tl.constexpr = tl.constexpr(4)
 
 
 @triton.jit

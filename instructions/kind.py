@@ -36,3 +36,14 @@ def weight_rows(st, plan, name: str, layer: int, rows: slice):
     g0 = rows.start // sb
     part = dequantize_grid(w[layer, g0 * sb:rows.stop], st[name + "_scale"][layer, g0:], sb)
     return part[rows.start - g0 * sb:]
+
+
+def split_rows(t0: int, t1: int, R: int, SK: int, N: int) -> slice | None:
+    """The rows a torch reference of tiles [t0, t1) computes where a stage's tiles are R-row blocks
+    times SK K-splits (tile t: block t // SK, split t % SK): the whole rows of every block whose last
+    split is among them (the kernels' last split finishes its block), None where there are none.
+    Instructions hold consecutive tiles, so these blocks are consecutive."""
+    blocks = [b for b in range(t0 // SK, (t1 - 1) // SK + 1) if t0 <= b * SK + SK - 1 < t1]
+    if not blocks:
+        return None
+    return slice(blocks[0] * R, min((blocks[-1] + 1) * R, N))

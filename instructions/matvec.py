@@ -17,30 +17,43 @@ import triton.language as tl
 
 from scheduler.kinds import Op
 
-from .common import (ARGMAX, BT_BF16, GATEUP, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, batch_tiles, claim,
-                     dot_rows2, gemv_tile, load_nw, load_s, load_w, load_xn, next_tile, stamp, wait_counter)
-from .kind import DeviceKind, weight_rows
+from .common import (ARGMAX, BT_BF16, BT_SWAP, BT_SWAP_BF16, GATEUP, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT,
+                     T_WAITED, batch_tiles, claim, dot_rows2, load_nw, load_s, load_w, load_xn, next_tile, stamp,
+                     wait_counter)
+from .kind import DeviceKind, split_rows, weight_rows
+from .tiles import TICK_DOWN, TICK_GU, TICK_O, TICK_STRIDE, gemv_tile
+from .wgmma import swap_tiles
 
 
 @triton.jit
 def residual_tile(t0, t1, layer, in_ptr, w_base, ws_base, x_ptr, cnt_ptr, target,
                   B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
                   SB: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr,
-                  POOL: tl.constexpr, claims_ptr, claims_base):
-    """x[b, rows] += W[layer, rows] @ in[b] (OPROJ with in = attn, DOWN with in = act)."""
+                  POOL: tl.constexpr, claims_ptr, claims_base, kpart_ptr, tick_ptr, SK: tl.constexpr, xs_ptr,
+                  xss_ptr, nw2_ptr):
+    """x[b, rows] += W[layer, rows] @ in[b] (OPROJ with in = attn, DOWN with in = act); ``tick_ptr``:
+    the stage's ticket words; the weights-on-M tile also writes the next stage's normalised input
+    with the norm weight ``nw2`` (``tiles.gemv_tile``)."""
     return gemv_tile(t0, t1, w_base + tl.cast(layer, tl.int64) * (N * K),
                      ws_base + layer * ((N + SB - 1) // SB * ((K + 127) // 128)), in_ptr, in_ptr, 0.0, x_ptr, x_ptr,
                      cnt_ptr, target, B, N, K, R, BK, SB, False, RESIDUAL, WAIT, SPIN, BT, tr, TRACE,
-                     POOL, claims_ptr, claims_base)
+                     POOL, claims_ptr, claims_base, kpart_ptr, tick_ptr, SK, xs_ptr, xss_ptr, nw2_ptr)
 
 
 @triton.jit
 def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, wgus_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                 B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
                 SB: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr,
-                POOL: tl.constexpr, claims_ptr, claims_base):
+                POOL: tl.constexpr, claims_ptr, claims_base, kpart_ptr, kticks_ptr, SK: tl.constexpr, xs_ptr,
+                xss_ptr):
     """Tiles [t0, t1) of gate and up, then with a POOL the pool's tiles as ``gemv_tile`` takes them."""
-    if BT:     # (an else, not an early return: the code after a return is still compiled)
+    if BT >= BT_SWAP:     # (else-chains, not early returns: the code after a return is still compiled)
+        g_ptr = wgu_ptr + tl.cast(layer, tl.int64) * (2 * I * H)
+        gs_ptr, us_ptr = _gateup_scales(wgus_ptr, layer, H, I, SB)
+        seen = swap_tiles(t0, t1, g_ptr, g_ptr + I * H, gs_ptr, us_ptr, xs_ptr, xss_ptr, eps, act_ptr, act_ptr,
+                          kpart_ptr, kticks_ptr + TICK_GU * TICK_STRIDE, x_ptr, xs_ptr, cnt_ptr, target, B, I, H, R, SK,
+                          SB, True, True, GATEUP, False, WAIT, SPIN, BT == BT_SWAP_BF16)
+    elif BT:
         seen = gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, wgus_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                             B, H, I, R, BK, SB, WAIT, SPIN, BT == BT_BF16)
     else:
@@ -149,55 +162,69 @@ def gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, wgus_ptr, postnorm_ptr, act_ptr,
 def lmhead_tile(t0, t1, x_ptr, lm_ptr, fnorm_ptr, logits_ptr, amax_ptr, eps, cnt_ptr, target,
                 B: tl.constexpr, H: tl.constexpr, V: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
                 WAIT: tl.constexpr, SPIN: tl.constexpr, BT: tl.constexpr, tr, TRACE: tl.constexpr,
-                POOL: tl.constexpr, claims_ptr, claims_base):
+                POOL: tl.constexpr, claims_ptr, claims_base, xs_ptr, xss_ptr):
     # the LM head stays in the model's dtype: its pointer stands in for the scales, which are not read
     return gemv_tile(t0, t1, lm_ptr, lm_ptr, x_ptr, fnorm_ptr, eps, logits_ptr, amax_ptr, cnt_ptr, target,
-                     B, V, H, R, BK, 128, True, ARGMAX, WAIT, SPIN, BT, tr, TRACE, POOL, claims_ptr, claims_base)
+                     B, V, H, R, BK, 128, True, ARGMAX, WAIT, SPIN, BT, tr, TRACE, POOL, claims_ptr, claims_base,
+                     logits_ptr, amax_ptr, 1, xs_ptr, xss_ptr, x_ptr)     # no K-splits: row blocks enough
 
 
 # The per-op kernels: a program per tile, no wait, no trace and no pool (POOL 0).
 @triton.jit
 def oproj_kernel(layer, attn_ptr, wo_ptr, x_ptr, wo_scale_ptr, B: tl.constexpr, H: tl.constexpr, HQ: tl.constexpr,
                  D: tl.constexpr, R_O: tl.constexpr, BK_Q: tl.constexpr, SCALE_ROWS: tl.constexpr,
-                 BATCHED: tl.constexpr, BATCH_INPUT: tl.constexpr):
+                 BT: tl.constexpr, kpart_ptr, kticks_ptr, SK_O: tl.constexpr, xs_ptr, xss_ptr, post_norm_ptr):
     pid = tl.program_id(0)
-    BT: tl.constexpr = BATCHED * (1 + BATCH_INPUT)     # (common.gemv_tile)
     residual_tile(pid, pid + 1, layer, attn_ptr, wo_ptr, wo_scale_ptr, x_ptr, cnt_ptr=attn_ptr, target=0, B=B, N=H,
-                  K=HQ * D, R=R_O, BK=BK_Q, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BT, tr=x_ptr, TRACE=False, POOL=0, claims_ptr=x_ptr,
-                  claims_base=0)
+                  K=HQ * D, R=R_O, BK=BK_Q, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BT, tr=x_ptr, TRACE=False, POOL=0,
+                  claims_ptr=x_ptr, claims_base=0, kpart_ptr=kpart_ptr, tick_ptr=kticks_ptr + TICK_O * TICK_STRIDE,
+                  SK=SK_O, xs_ptr=xs_ptr, xss_ptr=xss_ptr, nw2_ptr=post_norm_ptr + layer * H)
 
 
 @triton.jit
 def down_kernel(layer, act_ptr, wdown_ptr, x_ptr, wdown_scale_ptr, B: tl.constexpr, H: tl.constexpr,
                 I: tl.constexpr, R_DOWN: tl.constexpr, BK_I: tl.constexpr, SCALE_ROWS: tl.constexpr,
-                BATCHED: tl.constexpr, BATCH_INPUT: tl.constexpr):
+                BT: tl.constexpr, kpart_ptr, kticks_ptr, SK_DOWN: tl.constexpr, xs_ptr, xss_ptr, input_norm_ptr,
+                final_norm_ptr, L: tl.constexpr):
     pid = tl.program_id(0)
-    BT: tl.constexpr = BATCHED * (1 + BATCH_INPUT)     # (common.gemv_tile)
     residual_tile(pid, pid + 1, layer, act_ptr, wdown_ptr, wdown_scale_ptr, x_ptr, cnt_ptr=act_ptr, target=0, B=B,
                   N=H, K=I, R=R_DOWN, BK=BK_I, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BT, tr=x_ptr, TRACE=False, POOL=0,
-                  claims_ptr=x_ptr, claims_base=0)
+                  claims_ptr=x_ptr, claims_base=0, kpart_ptr=kpart_ptr, tick_ptr=kticks_ptr + TICK_DOWN * TICK_STRIDE,
+                  SK=SK_DOWN, xs_ptr=xs_ptr, xss_ptr=xss_ptr,
+                  nw2_ptr=next_norm(layer, input_norm_ptr, final_norm_ptr, H, L))
 
 
 @triton.jit
 def gateup_kernel(layer, x_ptr, wgate_up_ptr, wgate_up_scale_ptr, post_norm_ptr, act_ptr, eps, B: tl.constexpr,
                   H: tl.constexpr, I: tl.constexpr, R_GU: tl.constexpr, BK_H: tl.constexpr,
-                  SCALE_ROWS: tl.constexpr, BATCHED: tl.constexpr, BATCH_INPUT: tl.constexpr):
+                  SCALE_ROWS: tl.constexpr, BT: tl.constexpr, kpart_ptr, kticks_ptr, SK_GU: tl.constexpr, xs_ptr,
+                  xss_ptr):
     pid = tl.program_id(0)
-    BT: tl.constexpr = BATCHED * (1 + BATCH_INPUT)     # (common.gemv_tile)
     gateup_tile(pid, pid + 1, layer, x_ptr, wgate_up_ptr, wgate_up_scale_ptr, post_norm_ptr, act_ptr, eps,
-                cnt_ptr=x_ptr, target=0, B=B, H=H, I=I, R=R_GU, BK=BK_H, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BT, tr=x_ptr, TRACE=False, POOL=0,
-                claims_ptr=x_ptr, claims_base=0)
+                cnt_ptr=x_ptr, target=0, B=B, H=H, I=I, R=R_GU, BK=BK_H, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BT,
+                tr=x_ptr, TRACE=False, POOL=0, claims_ptr=x_ptr, claims_base=0, kpart_ptr=kpart_ptr,
+                kticks_ptr=kticks_ptr, SK=SK_GU, xs_ptr=xs_ptr, xss_ptr=xss_ptr)
 
 
 @triton.jit
 def lmhead_kernel(x_ptr, lm_head_ptr, final_norm_ptr, logits_ptr, amax_ptr, eps, B: tl.constexpr,
-                  H: tl.constexpr, V: tl.constexpr, R_LM: tl.constexpr, BK_H: tl.constexpr,
-                  BATCHED: tl.constexpr, BATCH_INPUT: tl.constexpr):
+                  H: tl.constexpr, V: tl.constexpr, R_LM: tl.constexpr, BK_H: tl.constexpr, BT: tl.constexpr, xs_ptr,
+                  xss_ptr):
     pid = tl.program_id(0)
-    BT: tl.constexpr = BATCHED * (1 + BATCH_INPUT)     # (common.gemv_tile)
     lmhead_tile(pid, pid + 1, x_ptr, lm_head_ptr, final_norm_ptr, logits_ptr, amax_ptr, eps, cnt_ptr=x_ptr,
                 target=0, B=B, H=H, V=V, R=R_LM, BK=BK_H, WAIT=False, SPIN=0, BT=BT, tr=x_ptr, TRACE=False,
-                POOL=0, claims_ptr=x_ptr, claims_base=0)
+                POOL=0, claims_ptr=x_ptr, claims_base=0, xs_ptr=xs_ptr, xss_ptr=xss_ptr)
+
+
+@triton.jit
+def next_norm(layer, input_norm_ptr, final_norm_ptr, H: tl.constexpr, L: tl.constexpr):
+    """The norm weight of the stage after layer ``layer``'s down projection: the next layer's input
+    norm, or after the last layer the final norm (the LM head's)."""
+    if layer + 1 < L:
+        p = input_norm_ptr + (layer + 1) * H
+    else:
+        p = final_norm_ptr
+    return p
 
 
 def _rows(t0, t1, R, N):
@@ -205,15 +232,18 @@ def _rows(t0, t1, R, N):
 
 
 def oproj_ref(st, p, layer, t0, t1):
-    r = _rows(t0, t1, p.R_O, p.H)
-    st.x[:, r] += st.attn.float() @ weight_rows(st, p, "wo", layer, r).T
+    r = split_rows(t0, t1, p.R_O, p.SK_O, p.H)
+    if r is not None:
+        st.x[:, r] += st.attn.float() @ weight_rows(st, p, "wo", layer, r).T
 
 
 def gateup_ref(st, p, layer, t0, t1):
     import torch.nn.functional as F
 
     from models.qwen3.reference import rmsnorm
-    r = _rows(t0, t1, p.R_GU, p.I)
+    r = split_rows(t0, t1, p.R_GU, p.SK_GU, p.I)
+    if r is None:
+        return
     h = rmsnorm(st.x, st.post_norm[layer].float(), st.eps)
     gate = h @ weight_rows(st, p, "wgate_up", layer, r).T
     up = h @ weight_rows(st, p, "wgate_up", layer, slice(p.I + r.start, p.I + r.stop)).T
@@ -221,8 +251,9 @@ def gateup_ref(st, p, layer, t0, t1):
 
 
 def down_ref(st, p, layer, t0, t1):
-    r = _rows(t0, t1, p.R_DOWN, p.H)
-    st.x[:, r] += st.act.float() @ weight_rows(st, p, "wdown", layer, r).T
+    r = split_rows(t0, t1, p.R_DOWN, p.SK_DOWN, p.H)
+    if r is not None:
+        st.x[:, r] += st.act.float() @ weight_rows(st, p, "wdown", layer, r).T
 
 
 def lmhead_ref(st, p, layer, t0, t1):
@@ -241,10 +272,14 @@ def lmhead_ref(st, p, layer, t0, t1):
 
 
 KINDS = (
-    DeviceKind(Op.OPROJ, residual_tile, oproj_kernel, oproj_ref, reads=("attn", "wo", "wo_scale", "x"), writes=("x",)),
-    DeviceKind(Op.GATEUP, gateup_tile, gateup_kernel, gateup_ref, reads=("x", "wgate_up", "wgate_up_scale", "post_norm"),
-               writes=("act",)),
-    DeviceKind(Op.DOWN, residual_tile, down_kernel, down_ref, reads=("act", "wdown", "wdown_scale", "x"), writes=("x",)),
-    DeviceKind(Op.LMHEAD, lmhead_tile, lmhead_kernel, lmhead_ref, reads=("x", "lm_head", "final_norm", "amax"),
+    DeviceKind(Op.OPROJ, residual_tile, oproj_kernel, oproj_ref, reads=("attn", "wo", "wo_scale", "x", "post_norm"),
+               writes=("x", "xs", "xss", "kpart", "kticks")),
+    DeviceKind(Op.GATEUP, gateup_tile, gateup_kernel, gateup_ref,
+               reads=("x", "xs", "xss", "wgate_up", "wgate_up_scale", "post_norm"),
+               writes=("act", "kpart", "kticks")),
+    DeviceKind(Op.DOWN, residual_tile, down_kernel, down_ref,
+               reads=("act", "wdown", "wdown_scale", "x", "input_norm", "final_norm"),
+               writes=("x", "xs", "xss", "kpart", "kticks")),
+    DeviceKind(Op.LMHEAD, lmhead_tile, lmhead_kernel, lmhead_ref, reads=("x", "xs", "xss", "lm_head", "final_norm", "amax"),
                writes=("logits", "amax")),
 )

@@ -26,6 +26,8 @@ from typing import Callable
 import torch
 
 from instructions.common import KEY_EMPTY, TRACE_SLOTS
+from instructions.tiles import TICK_STRIDE
+from instructions.wgmma import SS_ROWS, kpart_elems
 from scheduler.ops import WORDS, Plan
 
 # The most decode steps one launch of the persistent kernel runs, and so the rows of ``hist``;
@@ -109,6 +111,14 @@ SPEC: tuple[Buffer, ...] = (
     Buffer("ml", lambda d: (d.B * d.HQ * d.NSPLIT, 2), _f32, "scratch", doc="partials' max and sum"),
     Buffer("tickets", lambda d: (d.B * d.HKV,), _i32, "scratch", doc="attention splits finished (only grow)"),
     Buffer("amax", lambda d: (d.B,), _i64, "scratch", doc="the LM head's packed argmax (common.argmax_key)"),
+    Buffer("kpart", lambda d: (kpart_elems(d.plan),), _f32, "scratch",
+           doc="the K-split tiles' partial sums and sums of squares (instructions.wgmma)"),
+    Buffer("xs", lambda d: (2, d.B, d.H) if d.BATCHED == 2 else (1,), ACT, "scratch",
+           doc="x times the next norm weight, a head and a remainder (instructions.wgmma)"),
+    Buffer("xss", lambda d: (math.ceil(d.H / SS_ROWS.value), d.B) if d.BATCHED == 2 else (1,), _f32, "scratch",
+           doc="x's sums of squares over each SS_ROWS columns (instructions.wgmma)"),
+    Buffer("kticks", lambda d: (4 * TICK_STRIDE.value,), _i32, "scratch",
+           doc="the K-split stages' tickets, a word a row block (instructions.tiles; only grow)"),
     Buffer("inv_freq", lambda d: (d.D // 2,), _f32, "scratch", doc="RoPE frequencies, as transformers computes"),
     Buffer("hist", lambda d: (MAX_STEPS_PER_LAUNCH, d.B), _i32, "scratch", doc="each step's token in a launch"),
     # the persistent kernel's

@@ -35,6 +35,8 @@ import triton.language as tl
 
 from instructions.common import RELAXED, RELEASE, T_SM, TRACE_SLOTS, sm_id, wait_counter
 from instructions.registry import DEVICE_KINDS
+from instructions.matvec import next_norm
+from instructions.tiles import TICK_DOWN, TICK_O, TICK_STRIDE
 from scheduler.ops import POOL_SHIFT as TAPE_POOL_SHIFT, WORDS as TAPE_WORDS, Op
 
 from .buffers import MAX_SMS as BUF_MAX_SMS
@@ -121,7 +123,7 @@ def _paired_row(pid, pairs_ptr, err_ptr, NSM: tl.constexpr, SPIN: tl.constexpr):
 @triton.jit(do_not_specialize=["steps"])     # one binary for any number of steps per launch
 def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_ptr,
                tokens_ptr, lengths_ptr, x_ptr, qkv_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, act_ptr, logits_ptr,
-               amax_ptr, inv_freq_ptr, pairs_ptr, part_ptr, peers_ptr, flags_ptr,
+               amax_ptr, inv_freq_ptr, pairs_ptr, part_ptr, peers_ptr, flags_ptr, kpart_ptr, kticks_ptr, xs_ptr, xss_ptr,
                embed_ptr, lm_head_ptr, final_norm_ptr, input_norm_ptr, post_norm_ptr, q_norm_ptr, k_norm_ptr,
                wqkv_ptr, wo_ptr, wgate_up_ptr, wdown_ptr, wqkv_scale_ptr, wo_scale_ptr, wgate_up_scale_ptr,
                wdown_scale_ptr, k_cache_ptr, v_cache_ptr, eps, max_len, hist_ptr, steps,
@@ -133,12 +135,12 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
                NSPLIT_PAD: tl.constexpr, KV_STAGES: tl.constexpr, ATTN_NEW: tl.constexpr, BATCHED: tl.constexpr,
                POOL_O: tl.constexpr, POOL_GU: tl.constexpr, POOL_DOWN: tl.constexpr, POOL_LM: tl.constexpr,
-               TP: tl.constexpr, R_AR: tl.constexpr, FP8: tl.constexpr, BATCH_INPUT: tl.constexpr, SPIN: tl.constexpr,
+               TP: tl.constexpr, R_AR: tl.constexpr, FP8: tl.constexpr, BATCH_INPUT: tl.constexpr, BT: tl.constexpr, SK_QKV: tl.constexpr,
+               SK_O: tl.constexpr, SK_GU: tl.constexpr, SK_DOWN: tl.constexpr, SPIN: tl.constexpr,
                TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr, SM_PAIRS: tl.constexpr):
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr + pid)
     QKV_N: tl.constexpr = (HQ + 2 * HKV) * D
-    BT: tl.constexpr = BATCHED * (1 + BATCH_INPUT)     # the GEMV tiles' kind (instructions.common.gemv_tile)
     failed = tl.atomic_add(err_ptr, 0, sem=RELAXED, scope="gpu")   # a failed earlier step stays failed
     me = pid                  # this program's tape row
     if SM_PAIRS > 0:
@@ -191,7 +193,8 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
             seen = target
             if op == OP_QKV:
                 seen = qkv_tile(t0, t1, layer, x_ptr, wqkv_ptr, wqkv_scale_ptr, input_norm_ptr, qkv_ptr, eps, cnt,
-                                target, B, H, QKV_N, R_QKV, BK_H, SCALE_ROWS, True, SPIN, BT, tr, TRACE)
+                                target, B, H, QKV_N, R_QKV, BK_H, SCALE_ROWS, True, SPIN, BT, tr, TRACE, kpart_ptr,
+                                kticks_ptr, SK_QKV, xs_ptr, xss_ptr)
             elif op == OP_ATTN:
                 seen = attn_tile(t0, t1, layer, qkv_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, lengths_ptr, s,
                                  k_cache_ptr, v_cache_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt, target,
@@ -199,35 +202,38 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                                  True, SPIN, tr, TRACE)
             elif op == OP_OPROJ:
                 seen = oproj_tile(t0, t1, layer, attn_ptr, wo_ptr, wo_scale_ptr, x_ptr, cnt, target, B, H, HQ * D, R_O,
-                                  BK_Q, SCALE_ROWS, True, SPIN, BT, tr, TRACE, POOL_O, claims, claims_base)
+                                  BK_Q, SCALE_ROWS, True, SPIN, BT, tr, TRACE, POOL_O, claims, claims_base, kpart_ptr,
+                                  kticks_ptr + TICK_O * TICK_STRIDE, SK_O, xs_ptr, xss_ptr, post_norm_ptr + layer * H)
             elif op == OP_GATEUP:
                 seen = gateup_tile(t0, t1, layer, x_ptr, wgate_up_ptr, wgate_up_scale_ptr, post_norm_ptr, act_ptr, eps,
                                    cnt, target, B, H, I, R_GU, BK_H, SCALE_ROWS, True, SPIN, BT, tr, TRACE,
-                                   POOL_GU, claims, claims_base)
+                                   POOL_GU, claims, claims_base, kpart_ptr, kticks_ptr, SK_GU, xs_ptr, xss_ptr)
             elif op == OP_DOWN:
                 seen = down_tile(t0, t1, layer, act_ptr, wdown_ptr, wdown_scale_ptr, x_ptr, cnt, target, B, H, I, R_DOWN,
-                                 BK_I, SCALE_ROWS, True, SPIN, BT, tr, TRACE, POOL_DOWN, claims, claims_base)
+                                 BK_I, SCALE_ROWS, True, SPIN, BT, tr, TRACE, POOL_DOWN, claims, claims_base, kpart_ptr,
+                                 kticks_ptr + TICK_DOWN * TICK_STRIDE, SK_DOWN, xs_ptr, xss_ptr,
+                                 next_norm(layer, input_norm_ptr, final_norm_ptr, H, L))
             elif op == OP_LMHEAD:
                 seen = lmhead_tile(t0, t1, x_ptr, lm_head_ptr, final_norm_ptr, logits_ptr, amax_ptr, eps,
                                    cnt, target, B, H, V, R_LM, BK_H, True, SPIN, BT, tr, TRACE,
-                                   POOL_LM, claims, claims_base)
+                                   POOL_LM, claims, claims_base, xs_ptr, xss_ptr)
             elif op == OP_ARGMAX:
                 seen = argmax_tile(t0, t1, amax_ptr, tokens_ptr, lengths_ptr, hist_ptr, s, steps, cnt, target, B,
                                    True, SPIN)
             elif op == OP_OPART:
                 seen = opart_tile(t0, t1, layer, 2 * layer, attn_ptr, wo_ptr, wo_scale_ptr, part_ptr, cnt, target, B, H,
                                   HQ * D, R_O, BK_Q, SCALE_ROWS, True, SPIN, BT, tr, TRACE, POOL_O, claims,
-                                  claims_base)
+                                  claims_base, kpart_ptr, kticks_ptr + TICK_O * TICK_STRIDE, SK_O)
             elif op == OP_DPART:
                 seen = dpart_tile(t0, t1, layer, 2 * layer + 1, act_ptr, wdown_ptr, wdown_scale_ptr, part_ptr, cnt,
                                   target, B, H, I, R_DOWN, BK_I, SCALE_ROWS, True, SPIN, BT, tr, TRACE, POOL_DOWN,
-                                  claims, claims_base)
+                                  claims, claims_base, kpart_ptr, kticks_ptr + TICK_DOWN * TICK_STRIDE, SK_DOWN)
             elif op == OP_REDUCE:
                 # (layer: the partial's slot)
                 seen = reduce_tile(t0, t1, layer, part_ptr, x_ptr, peers_ptr, flags_ptr, cnt, target, epoch + 1,
                                    B, H, R_AR, TP, True, SPIN)
             elif op == OP_EMBED:
-                embed_tile(t0, t1, tokens_ptr, embed_ptr, x_ptr, H, BK_H)
+                embed_tile(t0, t1, tokens_ptr, embed_ptr, x_ptr, input_norm_ptr, xs_ptr, xss_ptr, B, H, BK_H, BT)
             elif op == OP_BARRIER:
                 # superkernel: arrive, then wait for every worker (a grid-wide barrier)
                 tl.debug_barrier()

@@ -41,7 +41,7 @@ class Stage:
 
 def qkv_group(plan: Plan, tile: int) -> int:
     """The kv head whose rows tile ``tile`` of the fused QKV projection computes."""
-    row, G, D = tile * plan.R_QKV, plan.HQ // plan.HKV, plan.D
+    row, G, D = tile // plan.SK_QKV * plan.R_QKV, plan.HQ // plan.HKV, plan.D
     q, kv = plan.HQ * D, plan.HKV * D
     if row < q:
         return row // (G * D)

@@ -45,15 +45,19 @@ def weight_bytes(p, rows: int, k: int, itemsize: int) -> int:
 # In step order. Opcodes are the tape's first word; 0 (NOOP) and BARRIER (``CONTROL``) are not kinds.
 KINDS: tuple[Kind, ...] = (
     Kind("EMBED", 1, "embed", lambda p: p.B, lambda p, it: p.H * it),
-    Kind("QKV", 2, "qkv", lambda p: cdiv(p.QKV_ROWS, p.R_QKV), lambda p, it: weight_bytes(p, p.R_QKV, p.H, it),
+    Kind("QKV", 2, "qkv", lambda p: cdiv(p.QKV_ROWS, p.R_QKV) * p.SK_QKV,
+         lambda p, it: weight_bytes(p, p.R_QKV, p.H // p.SK_QKV, it),
          per_layer=True),
     Kind("ATTN", 3, "attention", lambda p: p.B * p.HKV * p.NSPLIT,
          lambda p, it: 2 * cdiv(p.S, p.NSPLIT) * p.D * it, per_layer=True),
-    Kind("OPROJ", 4, "matvec", lambda p: cdiv(p.H, p.R_O), lambda p, it: weight_bytes(p, p.R_O, p.HQ * p.D, it),
+    Kind("OPROJ", 4, "matvec", lambda p: cdiv(p.H, p.R_O) * p.SK_O,
+         lambda p, it: weight_bytes(p, p.R_O, p.HQ * p.D // p.SK_O, it),
          "POOL_O", True),
-    Kind("GATEUP", 5, "matvec", lambda p: cdiv(p.I, p.R_GU), lambda p, it: 2 * weight_bytes(p, p.R_GU, p.H, it),
+    Kind("GATEUP", 5, "matvec", lambda p: cdiv(p.I, p.R_GU) * p.SK_GU,
+         lambda p, it: 2 * weight_bytes(p, p.R_GU, p.H // p.SK_GU, it),
          "POOL_GU", True),
-    Kind("DOWN", 6, "matvec", lambda p: cdiv(p.H, p.R_DOWN), lambda p, it: weight_bytes(p, p.R_DOWN, p.I, it),
+    Kind("DOWN", 6, "matvec", lambda p: cdiv(p.H, p.R_DOWN) * p.SK_DOWN,
+         lambda p, it: weight_bytes(p, p.R_DOWN, p.I // p.SK_DOWN, it),
          "POOL_DOWN", True),
     Kind("LMHEAD", 7, "matvec", lambda p: cdiv(p.V, p.R_LM), lambda p, it: p.R_LM * p.H * it, "POOL_LM"),
     Kind("ARGMAX", 8, "argmax", lambda p: p.B, lambda p, it: 8 * cdiv(p.V, p.R_LM)),
@@ -61,9 +65,11 @@ KINDS: tuple[Kind, ...] = (
     # rank's partial sums instead of adding into x, and REDUCE adds every rank's into x. A REDUCE
     # stage follows each of them; its instructions' layer word is the partial's slot, 2 l (after O)
     # or 2 l + 1 (after down).
-    Kind("OPART", 10, "allreduce", lambda p: cdiv(p.H, p.R_O), lambda p, it: weight_bytes(p, p.R_O, p.HQ * p.D, it),
+    Kind("OPART", 10, "allreduce", lambda p: cdiv(p.H, p.R_O) * p.SK_O,
+         lambda p, it: weight_bytes(p, p.R_O, p.HQ * p.D // p.SK_O, it),
          "POOL_O", True),
-    Kind("DPART", 11, "allreduce", lambda p: cdiv(p.H, p.R_DOWN), lambda p, it: weight_bytes(p, p.R_DOWN, p.I, it),
+    Kind("DPART", 11, "allreduce", lambda p: cdiv(p.H, p.R_DOWN) * p.SK_DOWN,
+         lambda p, it: weight_bytes(p, p.R_DOWN, p.I // p.SK_DOWN, it),
          "POOL_DOWN", True),
     Kind("REDUCE", 12, "allreduce", lambda p: cdiv(p.H, p.R_AR), lambda p, it: p.TP * p.B * p.R_AR * 4,
          per_layer=True, stages_per_layer=2),

@@ -119,7 +119,10 @@ class Plan:
     G_PAD: int
     KV_STAGES: int = 3  # attention's software pipeline over KV blocks (KV_STAGES - 1 in flight; 1: none)
     ATTN_NEW: int = 0   # 1: attention's split 0 holds the new position alone, splits 1.. the cache
-    BATCHED: int = 0    # GEMV tiles read weights once for all B rows (1) or loop over the sequences (0)
+    # GEMV tiles: 0 loop over the sequences with weights in registers; from batch 2 the weights are
+    # read once for all B rows, by the batch-on-M tile (1, instructions.common.batch_tiles) or the
+    # weights-on-M tile (2, instructions.wgmma: Hopper's wgmma, and K-splits SK_*)
+    BATCHED: int = 0
     POOL_O: int = 0     # the stage's last tiles claimed at run time (module doc; 0: none)
     POOL_GU: int = 0
     POOL_DOWN: int = 0
@@ -128,11 +131,29 @@ class Plan:
     R_AR: int = 1       # rows of x per REDUCE tile (TP > 1)
     FP8: int = 0        # 1: QKV, O, gate/up and down weights are block FP8 (one byte a weight, scales beside)
     BATCH_INPUT: int = 0    # the batched tiles' MMA input, a value of BATCH_INPUTS (0: "split")
+    SK_QKV: int = 1     # K-splits of each row block (BATCHED 2): tiles = row blocks x SK
+    SK_O: int = 1
+    SK_GU: int = 1
+    SK_DOWN: int = 1
 
     def __post_init__(self):
         if self.BATCH_INPUT not in BATCH_INPUTS.values():
             raise ValueError(f"BATCH_INPUT={self.BATCH_INPUT} is not one of "
                              + ", ".join(f"{v} ({k})" for k, v in BATCH_INPUTS.items()))
+        if self.BATCHED not in (0, 1, 2):
+            raise ValueError(f"BATCHED={self.BATCHED} is not 0 (per sequence), 1 (batch on M) or 2 (weights on M)")
+        for name in ("SK_QKV", "SK_O", "SK_GU", "SK_DOWN"):
+            if getattr(self, name) != 1 and self.BATCHED != 2:
+                raise ValueError(f"{name}={getattr(self, name)}: K-splits are the weights-on-M tile's (BATCHED=2)")
+        if self.BATCHED == 2:
+            # O's and down's row blocks write x's sums of squares a block of SWAP_ROWS columns each
+            for name in ("R_O", "R_DOWN"):
+                if getattr(self, name) != SWAP_ROWS:
+                    raise ValueError(f"{name}={getattr(self, name)}: the weights-on-M tile's O and down blocks are "
+                                     f"{SWAP_ROWS} rows")
+            for name in ("R_QKV", "R_GU", "R_LM"):
+                if not 1 <= getattr(self, name) <= 128:
+                    raise ValueError(f"{name}={getattr(self, name)}: a weights-on-M tile holds 1 to 128 rows")
         if self.ATTN_NEW and self.NSPLIT < 2:
             raise ValueError(f"ATTN_NEW=1 needs NSPLIT >= 2 (split 0 holds the new position, the others the "
                              f"cache), not {self.NSPLIT}: set ATTN_NEW=0 with one split")
@@ -162,8 +183,14 @@ class Plan:
         """Tiles of one stage of ``op`` (``scheduler.kinds``)."""
         return kind(op).tiles(self)
 
+    @property
+    def BT(self) -> int:
+        """The GEMV tiles' kind as the kernels dispatch on it (``instructions.common.gemv_tile``):
+        0 the register tiles, 1 + BATCH_INPUT the batch-on-M tile, 3 + BATCH_INPUT the weights-on-M one."""
+        return 0 if not self.BATCHED else 2 * self.BATCHED - 1 + self.BATCH_INPUT
+
     def constexprs(self) -> dict:
-        return {**asdict(self), "NSPLIT_PAD": self.NSPLIT_PAD, "SCALE_ROWS": self.SCALE_ROWS}
+        return {**asdict(self), "NSPLIT_PAD": self.NSPLIT_PAD, "SCALE_ROWS": self.SCALE_ROWS, "BT": self.BT}
 
 
 # Batched plans (batch 2 and up) read each weight once per step for the whole batch
@@ -183,6 +210,29 @@ def batched_rows(N: int, workers: int, align: int = 8) -> int:
     per = _cdiv(N, max(1, workers))
     per = _cdiv(per, _cdiv(per, BATCH_MAX_ROWS))
     return max(BATCH_MIN_ROWS, _cdiv(per, align) * align)
+
+
+# The weights-on-M tile (BATCHED 2, instructions.wgmma): row blocks of 64 rows (wgmma's M), each
+# split over K until the stage has about one tile a worker; a split covers a multiple of 128 columns
+# (a chunk, and one FP8 scale block) where K allows.
+SWAP_ROWS = 64
+
+
+def swap_rows(N: int, D: int | None = None) -> int:
+    """Rows a weights-on-M tile holds: SWAP_ROWS, or for the QKV projection at most the largest power
+    of two dividing the head dim (attention waits on each kv head's tiles)."""
+    return SWAP_ROWS if D is None else min(SWAP_ROWS, D & -D)
+
+
+def swap_splits(N: int, K: int, R: int, workers: int) -> int:
+    """K-splits of each of a stage's cdiv(N, R) row blocks: the most, a power of two, that keep the
+    stage's tiles within ``workers`` and each split's columns a multiple of 128 (of K / SK, where K
+    is below 128 a chunk)."""
+    sk = 1
+    while (_cdiv(N, R) * sk * 2 <= workers and K % (sk * 2) == 0
+           and (K // (sk * 2)) % 128 == 0):
+        sk *= 2
+    return sk
 
 
 def batched_qkv_rows(N: int, D: int, workers: int) -> int:
@@ -261,6 +311,21 @@ class Rule:
     why: str
 
 
+def _swap_plan(p: Plan, workers: int) -> dict:
+    """The fields of a weights-on-M batched plan (BATCHED 2) for ``workers`` workers."""
+    r_qkv, r = swap_rows(p.QKV_ROWS, p.D), swap_rows(p.H)
+    return dict(BATCHED=2, R_QKV=r_qkv, R_O=r, R_GU=r, R_DOWN=r, R_LM=r,
+                SK_QKV=swap_splits(p.QKV_ROWS, p.H, r_qkv, workers), SK_O=swap_splits(p.H, p.HQ * p.D, r, workers),
+                SK_GU=swap_splits(p.I, p.H, r, workers), SK_DOWN=swap_splits(p.H, p.I, r, workers))
+
+
+def batch_on_m_plan(p: Plan, workers: int) -> Plan:
+    """``p`` (batched) on the batch-on-M tile (BATCHED 1): rows about N / workers, no K-splits."""
+    return replace(p, BATCHED=1, R_QKV=batched_qkv_rows(p.QKV_ROWS, p.D, workers), R_O=batched_rows(p.H, workers),
+                   R_GU=batched_rows(p.I, workers), R_DOWN=batched_rows(p.H, workers), R_LM=batched_rows(p.V, workers),
+                   SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
+
+
 def _pools(x: PlanInputs, p: Plan) -> dict:
     return {field: min(p.tiles(op) // POOL_DIV, MAX_POOL_CLAIMS - x.workers)
             for op, field in POOL_FIELDS.items() if p.tiles(op) >= POOL_MIN_TILES * x.workers}
@@ -295,10 +360,8 @@ PLAN_RULES: tuple[Rule, ...] = (
          "a long context: one more KV block in flight (a stage of shared memory costs every kernel L1)"),
     Rule("batched",
          lambda x, p: x.B >= 2,
-         lambda x, p: dict(BATCHED=1, R_QKV=batched_qkv_rows(p.QKV_ROWS, p.D, x.workers),
-                           R_O=batched_rows(p.H, x.workers), R_GU=batched_rows(p.I, x.workers),
-                           R_DOWN=batched_rows(p.H, x.workers), R_LM=batched_rows(p.V, x.workers)),
-         "a batch reads each weight once for all its sequences, about one tile a worker"),
+         lambda x, p: _swap_plan(p, x.workers),
+         "a batch reads each weight once on the weights-on-M tile (wgmma), split over K to about a tile a worker"),
     Rule("pools",
          lambda x, p: x.B == 1 and not p.BATCHED and cost(p, Op.GATEUP, p.tiles(Op.GATEUP)) >= POOL_MIN_BYTES * x.workers,
          _pools,
@@ -352,6 +415,10 @@ def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit:
             fields = rule.then(x, plan)
             plan = replace(plan, **fields)
             fired.append((rule, fields))
+    if tp > 1 and plan.BATCHED == 2:
+        # the weights-on-M tile's normalised input is written by O's and down's epilogues, which
+        # under TP write partial sums: TP keeps the batch-on-M tile
+        plan = batch_on_m_plan(plan, workers)
     if tp > 1:
         # REDUCE tiles: few enough that the cross-GPU polls stay few (one per rank a tile), at
         # least 128 rows, so a tile's peer reads are whole 512-byte runs per sequence

@@ -21,19 +21,18 @@ from test_reference_vs_hf import random_prompt, rel_err
 def test_batch_equals_each_sequence_alone(tiny_checkpoint, seed, monkeypatch, backend, opts, batch_opts):
     """Batch 3 against each sequence alone at batch 1, with 32-wide K-chunks so that every GEMV
     loops over several chunks; the batch's tiles loop over the sequences or (as the plan picks from
-    batch 2) read their weights once for all three, in 16-column chunks, walked as one loop over an
-    instruction's tiles."""
+    batch 2) read their weights once for all three on the weights-on-M tile, in 16-column chunks."""
     import triton.language as tl
 
-    import instructions.common as common
-    monkeypatch.setattr(common, "BW_ELEMS", tl.constexpr(16 * 16))
+    import instructions.wgmma as wgmma
+    monkeypatch.setattr(wgmma, "KC_SWAP", tl.constexpr(16))
     tiny = tiny_checkpoint(hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16)
     model = load_model(str(tiny.folder), device="cpu", progress=False)
     prompts = [random_prompt(n, tiny.vocab_size, seed + n) for n in (9, 3, 6)]
     steps = 10
     mk = MegaQwen3(model, max_seq_len=32, batch_size=3, backend=backend, **opts, **batch_opts)
     if backend not in ("reference", "vm"):
-        assert mk.backend.plan.BATCHED == (0 if batch_opts else 1)
+        assert mk.backend.plan.BATCHED == (0 if batch_opts else 2)
     batch = mk.generate(prompts, max_new_tokens=steps)
     for b, p in enumerate(prompts):
         alone = MegaQwen3(model, max_seq_len=32, batch_size=1, backend=backend, **opts)
@@ -42,15 +41,15 @@ def test_batch_equals_each_sequence_alone(tiny_checkpoint, seed, monkeypatch, ba
 
 
 def test_tensor_core_batch_equals_each_sequence_alone(tiny_checkpoint, seed):
-    """A batch of 17 sequences of as many prompt lengths (the batch padded to 32 rows of tl.dot):
-    tiles of 4 and 8 rows are padded to 16, so the padding masks are exercised. One kv head keeps
-    the attention tiles (one per sequence and kv head) few."""
+    """A batch of 17 sequences of as many prompt lengths (the batch padded to 32 columns of tl.dot):
+    tiles of 8 rows are padded to 64, so the padding masks are exercised. One kv head keeps the
+    attention tiles (one per sequence and kv head) few."""
     n = 17
     tiny = tiny_checkpoint(hidden=64, intermediate=128, heads=4, kv_heads=1, head_dim=16)
     model = load_model(str(tiny.folder), device="cpu", progress=False)
     lengths = torch.randperm(n, generator=torch.Generator().manual_seed(seed)) + 1
     prompts = [random_prompt(int(length), tiny.vocab_size, seed + i) for i, length in enumerate(lengths)]
-    opts = dict(plan_overrides={"R_QKV": 8, "R_O": 4, "R_GU": 8, "R_LM": 8}, max_bk=32)
+    opts = dict(plan_overrides={"R_QKV": 8, "R_GU": 8, "R_LM": 8}, max_bk=32)
     steps = 4
     mk = MegaQwen3(model, max_seq_len=32, batch_size=n, backend="megakernel", **opts)
     batch = mk.generate(prompts, max_new_tokens=steps)

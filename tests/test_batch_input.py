@@ -1,6 +1,6 @@
-"""The batched tile's two ways of feeding its input to the tensor cores (the plan's BATCH_INPUT,
+"""The batched tiles' two ways of feeding their input to the tensor cores (the plan's BATCH_INPUT,
 ``scheduler.ops.BATCH_INPUTS``): "split" (a bf16 head and remainder) and "bf16" (one bf16
-operand, the RMSNorm sums of squares added by a pairwise tree). On the CPU the models are float32,
+operand), on the weights-on-M tile (the plans' from batch 2) and the batch-on-M one (BATCHED 1). On the CPU the models are float32,
 so "split" multiplies in full float32 and "bf16" rounds the input to bf16 (ties to even, as the
 GPU does) before the float32 product: each kernel backend must give the same bits as the others
 for the same variant, and both must follow transformers, "bf16" within bf16 rounding.
@@ -19,13 +19,17 @@ KERNELS = ("megakernel", "superkernel", "per-op")
 SHAPE = dict(hidden=64, intermediate=128, heads=4, kv_heads=1, head_dim=16)
 
 
-def teacher_forced_logits(model, backend, prompts, fed, variant, chunk_cols):
+# the batch-on-M tile's plan fields for SHAPE (multiples of 8 rows, no K-splits)
+BATCH_ON_M = dict(BATCHED=1, R_QKV=16, R_O=16, R_GU=16, R_DOWN=16, R_LM=16, SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
+
+
+def teacher_forced_logits(model, backend, prompts, fed, variant, tile):
     """Each decode step's logits [steps, B, V], every step fed the tokens ``fed[s]`` (so all
     backends and variants see the same inputs whatever their argmax)."""
-    overrides = {"BATCH_INPUT": BATCH_INPUTS[variant]}
+    overrides = {"BATCH_INPUT": BATCH_INPUTS[variant], **(BATCH_ON_M if tile == 1 else {})}
     mk = MegaQwen3(model, max_seq_len=32, batch_size=len(prompts), backend=backend, plan_overrides=overrides,
                    max_bk=32)
-    assert mk.backend.plan.BATCHED == 1 and mk.backend.plan.BATCH_INPUT == BATCH_INPUTS[variant]
+    assert mk.backend.plan.BATCHED == tile and mk.backend.plan.BATCH_INPUT == BATCH_INPUTS[variant]
     mk.prefill(prompts)
     out = []
     for tokens in fed:
@@ -42,20 +46,23 @@ def hf_logits(hf, prompt, fed_b):
     return hf(ids).logits[0, len(prompt):].float()
 
 
-@pytest.mark.parametrize("batch,chunk_cols,fp8", [(2, 16, False), (17, None, False), (2, None, True)],
-                         ids=["b2-16col-chunks", "b17", "b2-fp8"])
+@pytest.mark.parametrize("batch,chunk_cols,fp8,tile", [(2, 16, False, 2), (2, 16, False, 1), (17, None, False, 2),
+                                                       (2, None, True, 2)],
+                         ids=["b2-16col-chunks", "b2-batch-on-m", "b17", "b2-fp8"])
 def test_batch_input_variants_agree_across_backends_and_with_hf(tiny_checkpoint, seed, monkeypatch, batch,
-                                                                 chunk_cols, fp8):
-    """Batch 2 (with 16-column chunks, several a tile, each its own tree of squares), batch 17 (the
-    batch padded to 32 MMA rows) and FP8 weights at batch 2: for each variant the three kernel
-    backends give bitwise equal logits; against transformers (on the dequantized weights for FP8)
-    "split" is float32-exact and "bf16" within bf16 rounding, and the two variants differ (the
-    rounding is really done)."""
+                                                                 chunk_cols, fp8, tile):
+    """Batch 2 (with 16-column chunks, several a tile), on both batched tiles, batch 17 (the batch
+    padded to 32 MMA columns) and FP8 weights at batch 2: for each variant the three kernel backends
+    give bitwise equal logits; against transformers (on the dequantized weights for FP8) "split" is
+    float32-exact and "bf16" within bf16 rounding, and the two variants differ (the rounding is
+    really done)."""
     if chunk_cols:
         import triton.language as tl
 
         import instructions.common as common
+        import instructions.wgmma as wgmma
         monkeypatch.setattr(common, "BW_ELEMS", tl.constexpr(16 * chunk_cols))
+        monkeypatch.setattr(wgmma, "KC_SWAP", tl.constexpr(chunk_cols))
     tiny = tiny_checkpoint(**(FP8_SHAPE if fp8 else SHAPE))
     real = write_fp8_checkpoint(tiny) if fp8 else None
     model = load_model(str(tiny.folder), device="cpu", dtype=torch.float32, progress=False)
@@ -73,7 +80,7 @@ def test_batch_input_variants_agree_across_backends_and_with_hf(tiny_checkpoint,
     want = torch.stack(want, dim=1)     # [steps, B, V]
     got = {}
     for variant in BATCH_INPUTS:
-        runs = {be: teacher_forced_logits(model, be, prompts, fed, variant, chunk_cols) for be in KERNELS}
+        runs = {be: teacher_forced_logits(model, be, prompts, fed, variant, tile) for be in KERNELS}
         for be in KERNELS[1:]:
             assert torch.equal(runs[be], runs[KERNELS[0]]), f"{variant}: {be} differs from {KERNELS[0]}"
         got[variant] = runs[KERNELS[0]]

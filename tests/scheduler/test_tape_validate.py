@@ -375,29 +375,33 @@ def test_balanced_gateup_plan():
     assert make_plan(PRESETS["0.6b"], 1, 392, 172).R_GU == 2
     assert make_plan(PRESETS["8b"], 1, 392, 264).R_GU == 2
     assert make_plan(PRESETS["0.6b"], 1, 392, 264).R_GU == 8
-    assert make_plan(PRESETS["0.6b"], 4, 392, 264).R_GU == 16     # batched plans have their own rule
+    assert make_plan(PRESETS["0.6b"], 4, 392, 264).R_GU == 64     # batched plans have their own rule
 
 
 @pytest.mark.parametrize("name", ["0.6b", "1.7b", "8b", "14b", "32b"])
 @pytest.mark.parametrize("batch,workers", [(2, 264), (8, 264), (16, 132), (64, 264), (5, 7)])
 def test_batched_plan_rows(name, batch, workers):
-    """From batch 2 every GEMV is batched, its tiles about one a worker (multiples of 8 rows, at
-    most BATCH_MAX_ROWS, so the LM head takes several), and no QKV tile straddles two kv heads'
-    rows (attention waits on each head's own tiles)."""
+    """From batch 2 every GEMV is on the weights-on-M tile: 64-row blocks (wgmma's M), each split over
+    K so that the stage has at most a tile a worker where the blocks are fewer than the workers, the
+    splits a power of two over whole 128-column chunks, the most that fit; no QKV tile straddles two
+    kv heads' rows (attention waits on each head's own tiles)."""
     from scheduler.graph import qkv_group
-    from scheduler.ops import BATCH_MAX_ROWS, BATCH_MIN_ROWS
+    from scheduler.ops import SWAP_ROWS
     cfg = PRESETS[name]
     p = make_plan(cfg, batch, 392, workers)
-    assert p.BATCHED == 1
-    for op, r, n in ((Op.OPROJ, p.R_O, p.H), (Op.GATEUP, p.R_GU, p.I), (Op.DOWN, p.R_DOWN, p.H),
-                     (Op.LMHEAD, p.R_LM, p.V)):
-        assert r % 8 == 0 and BATCH_MIN_ROWS <= r <= max(BATCH_MIN_ROWS, BATCH_MAX_ROWS), (op, r)
-        per_worker = -(-p.tiles(op) // workers)
-        # no worker holds more rows than the cap-sized tiles would give it, plus one alignment step
-        assert per_worker * r <= max(BATCH_MIN_ROWS, -(-n // workers) + 8 * per_worker), (op, r, per_worker)
-    by_row = dataclasses.replace(p, R_QKV=1)     # qkv_group of a one-row tile: its row's kv head
+    assert p.BATCHED == 2
+    assert p.R_O == p.R_GU == p.R_DOWN == p.R_LM == SWAP_ROWS
+    for op, sk, n, k in ((Op.QKV, p.SK_QKV, p.QKV_ROWS, p.H), (Op.OPROJ, p.SK_O, p.H, p.HQ * p.D),
+                         (Op.GATEUP, p.SK_GU, p.I, p.H), (Op.DOWN, p.SK_DOWN, p.H, p.I)):
+        blocks = p.tiles(op) // sk
+        assert sk & (sk - 1) == 0 and k % sk == 0
+        assert sk == 1 or (blocks * sk <= workers and (k // sk) % 128 == 0), (op, sk)
+        more = 2 * sk
+        assert blocks * more > workers or k % more or (k // more) % 128, (op, sk, "a split more would fit")
+    by_row = dataclasses.replace(p, R_QKV=1, SK_QKV=1)     # qkv_group of a one-row tile: its row's kv head
     for t in range(p.tiles(Op.QKV)):
-        rows = range(t * p.R_QKV, min((t + 1) * p.R_QKV, p.QKV_ROWS))
+        rb = t // p.SK_QKV
+        rows = range(rb * p.R_QKV, min((rb + 1) * p.R_QKV, p.QKV_ROWS))
         assert {qkv_group(by_row, r) for r in rows} == {qkv_group(p, t)}, t
 
 
@@ -560,8 +564,8 @@ def test_short_layers_split_on_every_worker(size, workers):
     worker an attention split whatever max_seq_len (the splits past the context are empty) and O tiles
     of twice the rows, where the registers allow: at 264 workers half the workers hold one. Other
     sizes, and batches, keep splits capped by the blocks of max_seq_len and the O tiles the register
-    budget gives (batches: ``batched_rows``)."""
-    from scheduler.ops import TILE_ELEMS, _rows, batched_rows
+    budget gives (batches: ``swap_rows``)."""
+    from scheduler.ops import TILE_ELEMS, _rows, swap_rows
     cfg = PRESETS[size]
     short = size == "0.6b"
     splits = 1 << (workers // cfg.num_key_value_heads).bit_length() - 1
@@ -569,7 +573,7 @@ def test_short_layers_split_on_every_worker(size, workers):
         plan = make_plan(cfg, batch, seq, workers)
         capped = min(splits // batch, 1 << (-(-seq // plan.BLOCK_S) - 1).bit_length())
         assert plan.NSPLIT == (splits if short and batch == 1 else capped), (batch, seq)
-        r_o = _rows(cfg.hidden_size, cfg.q_size, workers) if batch == 1 else batched_rows(cfg.hidden_size, workers)
+        r_o = _rows(cfg.hidden_size, cfg.q_size, workers) if batch == 1 else swap_rows(cfg.hidden_size)
         if short and batch == 1:
             assert plan.R_O == min(2 * r_o, TILE_ELEMS // plan.BK_Q), seq
             if workers == 264:

@@ -1,0 +1,288 @@
+"""The batched GEMV tile with the weights on the MMA's M side (``BATCHED = 2`` plans).
+
+out[B, N] = X[B, K] @ W[N, K]^T is computed transposed, out^T = W @ X^T: a tile holds BM = 64 or
+128 weight rows and multiplies them by the batch's input as the dot's N side (padded to 8, 16, 32
+or 64). Triton emits Hopper's wgmma only where the dot's M is a multiple of 64; the batch on M (the
+older tile, ``common.batch_tiles``) left it on mma.sync. This is the operand swap of Mirage MPK's
+Hopper linear task and of the small-M fused-MoE kernels in SGLang and vLLM.
+
+A stage has cdiv(N, R) row blocks and SK K-splits each (plan fields ``R_*`` and ``SK_*``); tile t
+is row block t // SK over K columns [(t % SK) K / SK, (t % SK + 1) K / SK), so a stage with fewer
+row blocks than workers still keeps every worker streaming. Each split stores its partial sums
+(and, where the input is RMS-normalised, its partial sums of squares) in ``kpart`` and takes a
+ticket on its row block; the split that takes the last ticket adds the SK partials in split order
+(so the sum does not depend on which split finished last) and runs the epilogue. The ticket words
+only grow: a row block's tickets of one use are those past the last multiple of SK.
+
+RMS-normalised inputs (QKV, gate/up, the LM head) are not normalised here. The stage that writes x
+(EMBED, and the O and down tiles' residual epilogue, ``xs_out``) also writes x times the next norm
+weight as a bf16 head and a bf16 remainder (``xs``, [2, B, H]) and the sums of squares of x over
+each SS_ROWS columns (``xss``, [cdiv(H, SS_ROWS), B]). The tile then loads its MMA operands
+straight from memory, so Triton's pipeliner stages them into shared memory beside the weights and
+the wgmma reads them there; and it scales each sequence's sums by its 1/rms in the epilogue.
+
+Numerics: as ``common.mac_dot``'s contract. The float32 input (times the norm weight) goes in as a
+bf16 head and a bf16 remainder, two MMAs sharing the weight operand, so the sums keep about 16 bits
+of it (a 16-bit input, O's and down's, is exact in one); with XBF16 only the head, one MMA. Sums of
+squares are added by fixed pairwise trees (``tree_sum``), so the per-op kernels and the persistent
+kernel agree bitwise.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import ARGMAX, GATEUP, RELAXED, RESIDUAL, argmax_key, e4m3_bf16, round_bf16, wait_counter
+
+# A program's pipeline: its stages (each a chunk of weights and of input; Triton's pipeliner keeps
+# up to num_stages buffers of each in shared memory) within this many bytes, 2 to MAX_STAGES of them,
+# so that two programs fit an SM beside the rest of the persistent kernel.
+SWAP_SMEM: tl.constexpr = tl.constexpr(81920)
+MAX_STAGES: tl.constexpr = tl.constexpr(5)
+KC_SWAP: tl.constexpr = tl.constexpr(128)      # K columns a chunk: one FP8 scale block
+SS_ROWS: tl.constexpr = tl.constexpr(64)
+       # x's columns a partial sum of squares covers (``xss``)
+
+
+@triton.jit
+def tree_sum(q):
+    """The sums over the last axis of a 2-D block (a power of two wide) as [rows], by a pairwise tree:
+    columns 2i and 2i + 1 are added, then those sums in pairs, and so on, so the result does not
+    depend on the register layout the compiler picks (a tl.sum adds in the layout's order)."""
+    for _ in tl.static_range(12):
+        if q.shape[1] > 1:
+            a, b = tl.split(tl.reshape(q, [q.shape[0], q.shape[1] // 2, 2]))
+            q = a + b
+    return tl.reshape(q, [q.shape[0]])
+
+
+@triton.jit
+def write_xs(v, cols, ok, b, nw_ptr, xs_ptr, xss_ptr, blk, B: tl.constexpr, H: tl.constexpr):
+    """For x's values ``v`` [SS_ROWS, BP] at columns ``cols`` of sequences ``b`` (``ok``: which are
+    real): x times the norm weight as a head and a remainder in xs's dtype, and the block's sums of
+    squares into xss[blk, b]."""
+    v = tl.where(ok, v, 0.0)
+    y = v * tl.load(nw_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)[:, None]
+    hi = y.to(xs_ptr.dtype.element_ty)
+    lo = (y - hi.to(tl.float32)).to(xs_ptr.dtype.element_ty)
+    offs = b[None, :] * H + cols[:, None]
+    tl.store(xs_ptr + offs, hi, mask=ok)
+    tl.store(xs_ptr + B * H + offs, lo, mask=ok)
+    ss = tree_sum(tl.trans(v * v))
+    tl.store(xss_ptr + blk * B + b, ss, mask=b < B)
+
+
+@triton.jit
+def load_rstd(xss_ptr, eps, B: tl.constexpr, H: tl.constexpr, BP: tl.constexpr):
+    """Each sequence's 1/rms of x [BP] from the blocks' sums of squares (``write_xs``), added by a tree."""
+    NSS: tl.constexpr = (H + SS_ROWS - 1) // SS_ROWS
+    NSS_PAD: tl.constexpr = 1 if NSS <= 1 else 2 if NSS <= 2 else 4 if NSS <= 4 else 8 if NSS <= 8 else \
+        16 if NSS <= 16 else 32 if NSS <= 32 else 64 if NSS <= 64 else 128 if NSS <= 128 else 256 if NSS <= 256 else 512
+    j = tl.arange(0, NSS_PAD)
+    b = tl.arange(0, BP)
+    p = tl.load(xss_ptr + j[None, :] * B + b[:, None], mask=(j[None, :] < NSS) & (b[:, None] < B), other=0.0,
+                cache_modifier=".cg")
+    return 1.0 / tl.sqrt(tree_sum(p) / H + eps)
+
+
+@triton.jit
+def _load_w(w_ptr, row0, rows_ok, K: tl.constexpr, k0, BM: tl.constexpr, KC: tl.constexpr):
+    """Weight rows [row0, row0 + BM) x columns [k0, k0 + KC) as [BM, KC] (masked rows and columns
+    read as 0); FP8 weights as [BM, KC / 4] int32 words of four e4m3 bytes (``common.e4m3_bf16``).
+    Read once a step: evicted first, so the activations keep the cache."""
+    r = row0 + tl.arange(0, BM)
+    if w_ptr.dtype.element_ty == tl.float8e4nv:
+        KW: tl.constexpr = K // 4
+        i = k0 // 4 + tl.arange(0, KC // 4)
+        w = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + r[:, None] * KW + i[None, :],
+                    mask=rows_ok[:, None] & (i[None, :] < KW), other=0, eviction_policy="evict_first")
+    else:
+        k = k0 + tl.arange(0, KC)
+        w = tl.load(w_ptr + r[:, None] * K + k[None, :], mask=rows_ok[:, None] & (k[None, :] < K), other=0.0,
+                    eviction_policy="evict_first")
+    return w
+
+
+@triton.jit
+def _mac(acc, w, xh, xl, s, SPLIT: tl.constexpr, EXACT: tl.constexpr):
+    """acc[BM, BP] += W[BM, KC] @ x^T, x^T given as its bf16 head ``xh`` [KC, BP] and (SPLIT) remainder
+    ``xl``, or with EXACT (float32 weights or a float32 model's FP8 ones, the CPU) as float32 ``xh``.
+    FP8 words are made bf16 exactly and each row's chunk sum is scaled by its block scale ``s``."""
+    if w.dtype == tl.int32:
+        wb = tl.reshape(e4m3_bf16(tl.reshape(w, [1, w.shape[0], w.shape[1]]), EXACT), [w.shape[0], 4 * w.shape[1]])
+        if EXACT:
+            part = tl.dot(wb, xh, input_precision="ieee")
+        else:
+            part = tl.dot(wb, xh)
+            if SPLIT:
+                part = tl.dot(wb, xl, part)
+        acc += part * s[:, None]
+    elif EXACT:
+        acc = tl.dot(w.to(tl.float32), xh, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(w, xh, acc)
+        if SPLIT:
+            acc = tl.dot(w, xl, acc)
+    return acc
+
+
+@triton.jit
+def _chunk(acc, acc2, w, w2, in_ptr, ws_ptr, ws2_ptr, rows, rows_ok, bb, k0, k_lo, B: tl.constexpr, K: tl.constexpr,
+           KSPAN: tl.constexpr, KC: tl.constexpr, SB: tl.constexpr, TWO: tl.constexpr, FP8: tl.constexpr,
+           SPLIT: tl.constexpr, EXACT: tl.constexpr, XBF16: tl.constexpr, XT: tl.constexpr):
+    """``swap_tiles``' sums (acc, and acc2 with TWO) plus one chunk: the weights ``w`` (``w2``) times
+    the input's columns [k0, k0 + KC) of this split (from k_lo), its head and with SPLIT remainder."""
+    k = k0 + tl.arange(0, KC)
+    xm = (bb[:, None] < B) & (k < k_lo + KSPAN)[None, :]
+    xh = tl.load(in_ptr + bb[:, None] * K + k[None, :], mask=xm, other=0.0, cache_modifier=".cg")
+    xl = xh
+    if SPLIT:
+        xl = tl.load(in_ptr + B * K + bb[:, None] * K + k[None, :], mask=xm, other=0.0, cache_modifier=".cg")
+    if EXACT:
+        if XBF16:
+            xh = round_bf16(xh)
+    elif xh.dtype != XT:
+        xh = xh.to(XT)
+        xl = xl.to(XT)
+    s = tl.full([], 1.0, tl.float32)
+    s2 = s
+    if FP8:
+        KB: tl.constexpr = (K + 127) // 128
+        s = tl.load(ws_ptr + (rows // SB) * KB + k0 // 128, mask=rows_ok, other=0.0)
+        if TWO:
+            s2 = tl.load(ws2_ptr + (rows // SB) * KB + k0 // 128, mask=rows_ok, other=0.0)
+    acc = _mac(acc, w, tl.trans(xh), tl.trans(xl), s, SPLIT, EXACT)
+    if TWO:
+        acc2 = _mac(acc2, w2, tl.trans(xh), tl.trans(xl), s2, SPLIT, EXACT)
+    return acc, acc2
+
+
+@triton.jit
+def _epilogue(acc, acc2, rows, row_end, rb, out_ptr, aux_ptr, xss_ptr, eps, nw2_ptr, xs_ptr, B: tl.constexpr,
+              N: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr, XOUT: tl.constexpr):
+    """A row block's outputs from its sums acc[BM, BP] (acc2: up's, GATEUP), each column b scaled by
+    its 1/rms with NORM (from ``xss``, over x's K columns): out[b, rows] = acc^T, or += (RESIDUAL), or
+    silu(gate) * up (GATEUP); with ARGMAX each sequence's key raised in aux[b]. XOUT (after RESIDUAL,
+    the block's SS_ROWS rows): the new x's rows also go to ``xs`` and ``xss`` for the next normalised
+    stage (module doc), times the norm weight ``nw2``."""
+    bb = tl.arange(0, acc.shape[1])
+    if NORM:
+        rstd = load_rstd(xss_ptr, eps, B, K, acc.shape[1])
+        acc = acc * rstd[None, :]
+    if EPI == GATEUP:
+        if NORM:
+            acc2 = acc2 * rstd[None, :]
+        acc = acc / (1.0 + tl.exp(-acc)) * acc2
+    ok = (rows[:, None] < row_end) & (bb[None, :] < B)
+    offs = bb[None, :] * N + rows[:, None]
+    if EPI == RESIDUAL:
+        acc += tl.load(out_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg")
+    tl.store(out_ptr + offs, acc, mask=ok)
+    if XOUT:
+        tl.static_assert(acc.shape[0] == SS_ROWS, "a block of x's sums of squares is one 64-row tile")
+        write_xs(acc, rows, ok, bb, nw2_ptr, xs_ptr, xss_ptr, rb, B, N)
+    if EPI == ARGMAX:
+        acc = tl.where(ok, acc, float("-inf"))
+        best = tl.max(acc, axis=0)
+        idx = tl.min(tl.where(acc == best[None, :], rows[:, None], 2147483647), axis=0)   # first maximum
+        tl.atomic_max(aux_ptr + bb, argmax_key(best, idx), mask=bb < B, sem=RELAXED, scope="gpu")
+
+
+@triton.jit
+def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out_ptr, aux_ptr, kpart_ptr, tick_ptr,
+               nw2_ptr, xs_ptr, cnt_ptr, target, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+               R: tl.constexpr, SK: tl.constexpr, SB: tl.constexpr, NORM: tl.constexpr, TWO: tl.constexpr,
+               EPI: tl.constexpr, XOUT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, XBF16: tl.constexpr):
+    """Tiles [t0, t1) (module doc) of out[B, N] = X[B, K] @ W[N, K]^T with the epilogue EPI (STORE,
+    RESIDUAL, ARGMAX, or GATEUP with W2 the up rows beside W's gate rows). With NORM, ``in_ptr`` is
+    ``xs`` (x times the norm weight, a head and a remainder) and each sequence's sums are scaled by
+    its 1/rms from ``xss``; else the input rows in_ptr[B, K]. XOUT: the epilogue also writes the new
+    x's ``xs`` and ``xss`` (norm weight ``nw2``). FP8 weights come with their scales ``ws``
+    (``ws2``: W2's), SB rows a scale row. ``kpart``: the split partials (``SK`` > 1), ``tick_ptr``:
+    this stage's ticket word per row block. Returns the wait's last counter value."""
+    tl.static_assert(R <= 128, "a weights-on-M tile holds at most 128 rows")
+    BM: tl.constexpr = 64 if R <= 64 else 128
+    BP: tl.constexpr = 8 if B <= 8 else 16 if B <= 16 else 32 if B <= 32 else 64 if B <= 64 else 128
+    KSPAN: tl.constexpr = K // SK
+    tl.static_assert(KSPAN * SK == K, "the K-splits must divide K")
+    FP8: tl.constexpr = w_ptr.dtype.element_ty == tl.float8e4nv
+    # a float32 model (the CPU's) multiplies in float32
+    EXACT: tl.constexpr = in_ptr.dtype.element_ty == tl.float32
+    # xs's remainder: a second MMA, unless XBF16 (a float32 model's xs is exact, its remainder 0)
+    SPLIT: tl.constexpr = NORM and not XBF16 and not EXACT
+    # the MMA's input type: the weights' (FP8 ones are made bf16)
+    XT: tl.constexpr = tl.bfloat16 if FP8 else w_ptr.dtype.element_ty
+    WBYTES: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+    XBYTES: tl.constexpr = in_ptr.dtype.element_ty.primitive_bitwidth // 8
+    # a stage's bytes a column: the weight chunk(s) and the input's head (and remainder)
+    COL_BYTES: tl.constexpr = (2 if TWO else 1) * BM * WBYTES + (2 if SPLIT else 1) * BP * XBYTES
+    # chunks of 128 columns, or of 64 where two of 128 would not fit (large batches)
+    KC: tl.constexpr = KC_SWAP if 2 * KC_SWAP * COL_BYTES <= SWAP_SMEM else KC_SWAP // 2
+    STAGE_BYTES: tl.constexpr = KC * COL_BYTES
+    FIT: tl.constexpr = SWAP_SMEM // STAGE_BYTES
+    STAGES: tl.constexpr = 2 if FIT < 2 else MAX_STAGES if FIT > MAX_STAGES else FIT
+    NT: tl.constexpr = 2 * N if TWO else N          # a partial's row: gate's N sums, then up's
+    bb = tl.arange(0, BP)
+    seen = target
+    if WAIT:
+        seen = wait_counter(cnt_ptr, target, SPIN)
+    for t in range(t0, t1):
+        rb = t // SK
+        ks = t - rb * SK
+        rr = tl.arange(0, BM)
+        rows = rb * R + rr
+        row_end = tl.minimum(rb * R + R, N)
+        rows_ok = (rr < R) & (rows < N)
+        acc = tl.zeros([BM, BP], dtype=tl.float32)
+        acc2 = tl.zeros([BM, BP], dtype=tl.float32)
+        k_lo = ks * KSPAN
+        for k0 in tl.range(k_lo, k_lo + KSPAN, KC, num_stages=STAGES):
+            w = _load_w(w_ptr, rb * R, rows_ok, K, k0, BM, KC)
+            w2 = w
+            if TWO:
+                w2 = _load_w(w2_ptr, rb * R, rows_ok, K, k0, BM, KC)
+            acc, acc2 = _chunk(acc, acc2, w, w2, in_ptr, ws_ptr, ws2_ptr, rows, rows_ok, bb, k0, k_lo,
+                               B, K, KSPAN, KC, SB, TWO, FP8, SPLIT, EXACT, XBF16, XT)
+        if SK == 1:
+            _epilogue(acc, acc2, rows, row_end, rb, out_ptr, aux_ptr, xss_ptr, eps, nw2_ptr, xs_ptr, B, N, K, NORM,
+                      EPI, XOUT)
+        else:
+            ok = rows_ok[:, None] & (bb[None, :] < B)
+            po = kpart_ptr + ks * (B * NT) + bb[None, :] * NT + rows[:, None]
+            tl.store(po, acc, mask=ok)
+            if TWO:
+                tl.store(po + N, acc2, mask=ok)
+            tl.debug_barrier()     # every thread's partials stored before the ticket's release
+            tick = tl.atomic_add(tick_ptr + rb, 1, sem="acq_rel", scope="gpu")
+            if tick % SK == SK - 1:
+                # the last split of this row block: add the SK partials in split order
+                acc = tl.zeros([BM, BP], dtype=tl.float32)
+                acc2 = tl.zeros([BM, BP], dtype=tl.float32)
+                for j in tl.static_range(SK):
+                    pj = kpart_ptr + j * (B * NT) + bb[None, :] * NT + rows[:, None]
+                    acc += tl.load(pj, mask=ok, other=0.0, cache_modifier=".cg")
+                    if TWO:
+                        acc2 += tl.load(pj + N, mask=ok, other=0.0, cache_modifier=".cg")
+                _epilogue(acc, acc2, rows, row_end, rb, out_ptr, aux_ptr, xss_ptr, eps, nw2_ptr, xs_ptr, B, N, K,
+                          NORM, EPI, XOUT)
+    return seen
+
+
+@triton.jit
+def embed_xs(b, embed_ptr, tok, nw_ptr, xs_ptr, xss_ptr, B: tl.constexpr, H: tl.constexpr):
+    """EMBED's part for the weights-on-M tiles: sequence b's x (its token's embedding row) into
+    ``xs`` and ``xss`` (``write_xs``) with the first layer's input norm weight ``nw``."""
+    bb = b + tl.zeros([1], tl.int32)
+    for c0 in range(0, H, SS_ROWS):
+        cols = c0 + tl.arange(0, SS_ROWS)
+        v = tl.load(embed_ptr + tok * H + cols, mask=cols < H, other=0.0).to(tl.float32)
+        write_xs(v[:, None], cols, (cols < H)[:, None] & (bb < B)[None, :], bb, nw_ptr, xs_ptr, xss_ptr,
+                 c0 // SS_ROWS, B, H)
+
+
+def kpart_elems(plan) -> int:
+    """Float32 words of ``kpart``: the largest split stage's SK partial rows of B."""
+    need = 1
+    for nt, sk in ((plan.QKV_ROWS, plan.SK_QKV), (plan.H, plan.SK_O), (2 * plan.I, plan.SK_GU), (plan.H, plan.SK_DOWN)):
+        if sk > 1:
+            need = max(need, sk * plan.B * nt)
+    return need
