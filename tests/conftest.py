@@ -54,6 +54,21 @@ def _seed_line() -> str:
     return f"test seed: {SEED} ({how}; TEST_SEED={SEED} repeats this run, TEST_SEED=random draws a fresh one)"
 
 
+def code_commit() -> str | None:
+    """The commit a results row of a run from this tree should name, found independently of
+    megakernel.results: MEGAKERNEL_GIT_COMMIT, else the checkout's HEAD, else the commit a ``git
+    archive`` copy wrote into megakernel/ARCHIVED_COMMIT; None where nothing says (an sdist, a zip)."""
+    import re
+    import subprocess
+    if os.environ.get("MEGAKERNEL_GIT_COMMIT"):
+        return os.environ["MEGAKERNEL_GIT_COMMIT"]
+    r = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if r.returncode == 0 and r.stdout.strip():
+        return r.stdout.strip()
+    archived = (REPO / "megakernel" / "ARCHIVED_COMMIT").read_text().strip()
+    return archived if re.fullmatch(r"[0-9a-f]{40}", archived) else None
+
+
 def pytest_report_header(config):
     return _seed_line()
 
