@@ -10,8 +10,10 @@ from the step times; whether a compiled peer ran under CUDA graphs; and its toke
 with the megakernel under teacher forcing (fed the megakernel's tokens, its argmax at each step
 against the megakernel's next token). The floor is the bytes a step must read (every weight
 once, every sequence's KV cache up to its position) over the device's copy bandwidth measured
-in the same run. Prints a card and tables, and as the last stdout line one JSON object;
---record appends one row per backend and setting to the results table (bench/results.jsonl).
+in the same run. Prints a card, each row the moment its backend finishes (with --record, appends
+it to the results table, bench/results.jsonl, at once), then tables, and as the last stdout line
+one JSON object. Cut short by Ctrl-C or SIGTERM, it prints what finished, writes --output-json
+with the finished rows marked partial (never an empty one over an earlier run's) and exits 130 or 143.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``python -m megakernel.bench`` on the CPU: tables over batch sizes and prompt lengths, the JSON last
 line, the results table and what bench/render draws from it, a failing backend reported while the
-others still run, and bad settings refused before any work."""
+others still run, an interrupted run keeping its finished rows, and bad settings refused before any work."""
 
 import json
 import os
