@@ -916,7 +916,8 @@ def print_card(r, model):
     print(f"device      {r['device']}")
     print(f"versions    {' '.join(f'{k} {v}' for k, v in r['versions'].items())}")
     dirty = " (uncommitted changes)" if r["git_dirty"] else ""
-    print(f"code        {r['git_commit'] or 'commit unknown (not a git checkout; MEGAKERNEL_GIT_COMMIT names it)'}{dirty}")
+    code = r["git_commit"] or "commit unknown (not a git checkout; MEGAKERNEL_GIT_COMMIT names it)"
+    print(f"code        {code}{dirty}")
     print(f"model       {r['model']} ({r['weights']} weights, {model.config.num_parameters() / 1e6:,.1f}M "
           f"parameters) {r['dtype']}{', fp8 projections' if r['quantization'] else ''}")
     print(f"setting     batch {','.join(map(str, r['batch_sizes']))}; prompt {','.join(map(str, r['prompt_lens']))}; "
