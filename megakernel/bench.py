@@ -10,8 +10,10 @@ from the step times; whether a compiled peer ran under CUDA graphs; and its toke
 with the megakernel under teacher forcing (fed the megakernel's tokens, its argmax at each step
 against the megakernel's next token). The floor is the bytes a step must read (every weight
 once, every sequence's KV cache up to its position) over the device's copy bandwidth measured
-in the same run. Prints a card and tables, and as the last stdout line one JSON object;
---record appends one row per backend and setting to the results table (bench/results.jsonl).
+in the same run. Prints a card, each row the moment its backend finishes (with --record, appends
+it to the results table, bench/results.jsonl, at once), then tables, and as the last stdout line
+one JSON object. Cut short by Ctrl-C or SIGTERM, it prints what finished, writes --output-json
+with the finished rows marked partial (never an empty one over an earlier run's) and exits 130 or 143.
 """
 
 from __future__ import annotations
@@ -683,7 +685,21 @@ def tiny_model(dev, dtype=None, quantize=None):
     return Qwen3Model("tiny", cfg, w, None, None)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the bench is, like Ctrl-C: the finished rows are kept."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 def main(argv=None):
+    import signal
+    try:
+        # SIGTERM (a timeout, a job scheduler) ends the run as Ctrl-C does: what finished is kept
+        old_term = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:      # not the main thread: leave SIGTERM alone
+        old_term = None
     try:
         args = parse_args(argv)
         result = bench(args)
@@ -693,14 +709,23 @@ def main(argv=None):
         sys.stdout.flush()
         print(f"error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("\nterminated (SIGTERM)", file=sys.stderr)
+        return 143      # 128 + SIGTERM, as a shell reports a process the signal ended
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
-        return 130
+        return 130      # 128 + SIGINT
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
     print(json.dumps(result))
     return 0
 
 
 def bench(args) -> dict:
+    """Run every setting; each row is printed (and with --record appended) as it finishes. Cut
+    short (Ctrl-C, SIGTERM, an error), the rows that finished are printed and written with
+    ``partial`` set, and the exception goes on to ``main``."""
     from . import load_model
     dev = devices.resolve(args.device)
     settle(args, dev)
@@ -741,30 +766,45 @@ def bench(args) -> dict:
               "new_tokens": args.max_new_tokens, "max_seq_len": args.max_seq_len,
               "backends": ["megakernel"] + args.compare_list, "plans": args.plans, "results": []}
     shared = {}
-    print_card(result, model)
+    writer = rank == 0      # with --tp, rank 0 alone prints rows and writes files
+
+    def emit(row):
+        """A finished row: its ratios to the rows before it, then printed and recorded at once."""
+        _finish_row(row, result["results"])
+        result["results"].append(row)
+        if writer:
+            print_row(row, first=len(result["results"]) == 1)
+            if args.record:
+                table.append_rows(args.record, [{**run, **row}])
+
     try:
+        print_card(result, model)
         for B in args.batch_sizes:
             for P in args.prompt_lens:
                 prompt = torch.randint(0, cfg.vocab_size, (B, P), generator=g)
-                result["results"] += run_setting(model, prompt, args, dev, bw, shared)
-    finally:
-        _finish_rows(result["results"])
-        _write_outputs(result, run, args)
-    print_tables(result)
+                run_setting(model, prompt, args, dev, bw, shared, emit)
+    except BaseException:
+        if writer:
+            _keep_partial(result, run, args)
+        raise
+    if writer:
+        _write_outputs(result, args)
+        print_tables(result)
     return result
 
 
-def run_setting(model, prompt, args, dev, bw, shared) -> list[dict]:
+def run_setting(model, prompt, args, dev, bw, shared, emit):
     """Every backend at one batch size and prompt length, under each plan of --plan; the megakernel
     first, as the base of its plan's token agreement (a later plan's megakernel is compared with
-    the first's). Backends that run no plan run once, with the first."""
+    the first's). Backends that run no plan run once, with the first. Each row goes to ``emit``
+    the moment its backend finishes."""
     from .plans import PLANNED_BACKENDS
     B, P = prompt.shape
     n = args.max_new_tokens
     positions = [P + i for i in range(n - 1)]
     nbytes = statistics.mean(step_bytes(model, [p] * B) for p in positions) if positions else None
     floor_ms = nbytes / (bw * 1e9) * 1e3 if (bw and nbytes) else None
-    rows, first = [], None
+    first = None
     runs = [(plan, name) for k, plan in enumerate(args.plans) for name in ["megakernel"] + args.compare_list
             if k == 0 or name in PLANNED_BACKENDS]
     for plan, name in runs:
@@ -789,42 +829,76 @@ def run_setting(model, prompt, args, dev, bw, shared) -> list[dict]:
                    bytes_per_step=int(nbytes) if nbytes else None,
                    gbps=nbytes / (med * 1e-3) / 1e9 if (med and nbytes) else None,
                    pct_of_floor=100 * floor_ms / med if (med and floor_ms) else None)
-        rows.append(row)
-    return rows
+        emit(row)
 
 
-def _finish_rows(rows):
-    """Ratios between rows (to the megakernel of the same setting and plan, or of the first plan
-    for a backend that runs none; to batch 1 of the same backend, plan and prompt), every field
-    present, floats rounded."""
-    by, first_mk = {}, {}
-    for r in rows:
-        by.setdefault((r["backend"], r.get("plan"), r["batch_size"], r["prompt_len"]), r.get("ms_per_step"))
-        if r["backend"] == "megakernel":
-            first_mk.setdefault((r["batch_size"], r["prompt_len"]), r.get("ms_per_step"))
-    for r in rows:
-        m = r.get("ms_per_step")
-        mk = (by.get(("megakernel", r.get("plan"), r["batch_size"], r["prompt_len"])) if r.get("plan") else
-              first_mk.get((r["batch_size"], r["prompt_len"])))
-        b1 = by.get((r["backend"], r.get("plan"), 1, r["prompt_len"]))
-        r["speedup_vs_megakernel"] = m / mk if (m and mk) else None
-        r["ratio_to_batch1"] = m / b1 if (m and b1) else None
-        for k in table.CONFIG_FIELDS + table.MEASURE_FIELDS:
-            r.setdefault(k, None)
-            if isinstance(r[k], float):
-                r[k] = round(r[k], 4)
+def _finish_row(r, earlier):
+    """Ratios to rows that finished before (a row is printed and recorded as it finishes): to the
+    megakernel of the same setting and plan, or of the first plan for a backend that runs none
+    (the megakernel runs first in each setting); to batch 1 of the same backend, plan and prompt
+    where batch 1 ran earlier (list it first). Every field present, floats rounded."""
+    rows = earlier + [r]
+    mk = b1 = None
+    for x in rows:
+        if mk is None and x["backend"] == "megakernel" and (x["batch_size"], x["prompt_len"]) == \
+                (r["batch_size"], r["prompt_len"]) and (not r.get("plan") or x.get("plan") == r.get("plan")):
+            mk = x.get("ms_per_step")
+        if b1 is None and (x["backend"], x.get("plan"), x["batch_size"], x["prompt_len"]) == \
+                (r["backend"], r.get("plan"), 1, r["prompt_len"]):
+            b1 = x.get("ms_per_step")
+    m = r.get("ms_per_step")
+    r["speedup_vs_megakernel"] = m / mk if (m and mk) else None
+    r["ratio_to_batch1"] = m / b1 if (m and b1) else None
+    for k in table.CONFIG_FIELDS + table.MEASURE_FIELDS:
+        r.setdefault(k, None)
+        if isinstance(r[k], float):
+            r[k] = round(r[k], 4)
 
 
-def _write_outputs(result, run, args):
-    """The JSON file and the table rows, written also where a backend (or the run) failed part-way;
-    with --tp by rank 0 alone."""
-    if args.tp > 1 and tp_mod.current() is not None and tp_mod.current().rank:
-        return
+def _keep_partial(result, run, args):
+    """A run cut short: print and write the rows that finished, each and the document marked
+    ``partial``; the rows already in --record are marked there too. Nothing finished: the
+    --output-json of an earlier run is left as it was. Further Ctrl-C/SIGTERM wait until done."""
+    import signal
+    rows = result["results"]
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)} \
+        if _main_thread() else {}
+    try:
+        result["partial"] = True
+        for r in rows:
+            r["partial"] = True
+        if not rows:
+            if args.output_json:
+                log(f"no row finished: {args.output_json} left as it was")
+            return
+        if args.record:
+            n = table.mark_partial(args.record, run)
+            log(f"{n} rows in {args.record} marked partial")
+        _write_outputs(result, args)
+        print_tables(result)
+        print(json.dumps(result), flush=True)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _main_thread() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
+
+
+def _write_outputs(result, args):
+    """The JSON file (whole or not at all: a temporary file renamed over it) and the plot; the
+    table rows went to --record as they finished."""
     if args.output_json:
-        with open(args.output_json, "w") as f:
+        import os
+        tmp = f"{args.output_json}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
             f.write(json.dumps(result, indent=1) + "\n")
-    if args.record and result["results"]:
-        table.append_rows(args.record, [{**run, **r} for r in result["results"]])
+        os.replace(tmp, args.output_json)
+        if result.get("partial"):
+            log(f"{len(result['results'])} finished rows written to {args.output_json}, marked partial")
+    if args.record and result["results"] and not result.get("partial"):
         log(f"{len(result['results'])} rows appended to {args.record}")
     if args.plot and any(r.get("ms_per_step") for r in result["results"]):
         plot(result, args.plot)
@@ -842,7 +916,8 @@ def print_card(r, model):
     print(f"device      {r['device']}")
     print(f"versions    {' '.join(f'{k} {v}' for k, v in r['versions'].items())}")
     dirty = " (uncommitted changes)" if r["git_dirty"] else ""
-    print(f"code        {r['git_commit'] or 'not a git checkout'}{dirty}")
+    code = r["git_commit"] or "commit unknown (not a git checkout; MEGAKERNEL_GIT_COMMIT names it)"
+    print(f"code        {code}{dirty}")
     print(f"model       {r['model']} ({r['weights']} weights, {model.config.num_parameters() / 1e6:,.1f}M "
           f"parameters) {r['dtype']}{', fp8 projections' if r['quantization'] else ''}")
     print(f"setting     batch {','.join(map(str, r['batch_sizes']))}; prompt {','.join(map(str, r['prompt_lens']))}; "
@@ -860,6 +935,29 @@ def _plan_cell(r) -> str:
     if r.get("plan") == "tuned" and r.get("plan_tuned_at"):
         return f"tuned {r['plan_tuned_at'][:10]}"
     return r.get("plan") or "-"
+
+
+ROW_HEAD = (f"{'batch':>5}{'prompt':>7}  {'backend':<14}{'plan':<17}{'ms/step':>9}{'p10':>9}{'p90':>9}{'tok/s':>10}"
+            f"{'x b1':>7}{'% floor':>8}{'vs mk':>7}{'prefill ms':>11}{'TTFT ms':>9}{'agree':>7}")
+
+
+def _cell(v, w, d=3):
+    return f"{v:>{w}.{d}f}" if isinstance(v, (int, float)) else f"{'-':>{w}}"
+
+
+def print_row(r, first=False):
+    """One finished row, printed the moment its backend finishes (the tables at the end sort them)."""
+    if first:
+        print("\nrows as they finish (x b1: ms/step over batch 1's; vs mk: over the megakernel's):")
+        print(ROW_HEAD)
+    lead = f"{r['batch_size']:>5}{r['prompt_len']:>7}  {r['backend']:<14}{_plan_cell(r):<17}"
+    if r.get("error"):
+        print(f"{lead}ERROR: {r['error']}", flush=True)
+        return
+    print(f"{lead}{_cell(r['ms_per_step'], 9)}{_cell(r['ms_per_step_p10'], 9)}{_cell(r['ms_per_step_p90'], 9)}"
+          f"{_cell(r['tokens_per_s'], 10, 1)}{_cell(r['ratio_to_batch1'], 7, 2)}{_cell(r['pct_of_floor'], 8, 1)}"
+          f"{_cell(r['speedup_vs_megakernel'], 7, 2)}{_cell(r['prefill_ms'], 11, 2)}{_cell(r['ttft_ms'], 9, 2)}"
+          f"{_cell(r['token_agreement'], 7, 3)}", flush=True)
 
 
 def print_tables(result):

@@ -1,6 +1,6 @@
 """``python -m megakernel.bench`` on the CPU: tables over batch sizes and prompt lengths, the JSON last
 line, the results table and what bench/render draws from it, a failing backend reported while the
-others still run, and bad settings refused before any work."""
+others still run, an interrupted run keeping its finished rows, and bad settings refused before any work."""
 
 import json
 import os
@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, code_commit
 
 SHAPE = dict(hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16)
 
@@ -53,46 +53,124 @@ def test_bench_records_rows_and_render_draws_them(tiny_checkpoint, tmp_path):
     mk = {(x["batch_size"], x["prompt_len"]): x for x in last["results"] if x["backend"] == "megakernel"}
     assert mk[(2, 4)]["bytes_per_step"] > mk[(1, 4)]["bytes_per_step"]
     assert "ERROR" in r.stdout and "decode, prompt 4" in r.stdout and "prefill" in r.stdout
+    # each row was printed as it finished, in the order run, before the tables at the end
+    streamed = r.stdout[r.stdout.index("rows as they finish"):r.stdout.index("decode, prompt 4")].splitlines()[2:]
+    assert [tuple(ln.split()[:3]) for ln in streamed if ln.strip()] == \
+        [(str(B), str(P), name) for B, P in settings for name in ("megakernel", "per-op", "cuda-graph")]
     assert json.loads(out_json.read_text())["results"] == last["results"]
     assert plot.stat().st_size > 1000
 
     # the results table: one row per backend and setting, every field, the run's facts in each
     rows = results.read_rows(table)
     assert len(rows) == len(last["results"])
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    commit = code_commit()    # None where nothing says (an sdist, a zip): the row says so too
     for row in rows:
         assert set(row) == set(results.ROW_FIELDS)
         assert row["command"].startswith("python -m megakernel.bench -m ") and "--record" in row["command"]
-        assert row["git_commit"] == commit.strip() and isinstance(row["git_dirty"], bool)
+        assert row["git_commit"] == commit and row["partial"] is None
+        # dirty is known in a checkout, not in a copy (git archive, sdist)
+        assert isinstance(row["git_dirty"], bool) if (REPO / ".git").exists() else row["git_dirty"] is None
         assert {"torch", "triton", "transformers"} <= set(row["versions"])
         assert row["model"] == str(tiny.folder) and row["dtype"] == "float32" and row["new_tokens"] == 3
         assert row["run"] == rows[0]["run"] and row["time"] == rows[0]["time"]
     assert [(x["batch_size"], x["prompt_len"], x["backend"], x["ms_per_step"]) for x in rows] == \
         [(x["batch_size"], x["prompt_len"], x["backend"], x["ms_per_step"]) for x in last["results"]]
 
-    # bench/render: the headline in the README's block and the plots, from the table
-    readme = tmp_path / "README.md"
+    # bench/render: results by question in the README's block, every row in the full table, the plots
+    readme, full = tmp_path / "README.md", tmp_path / "docs" / "results.md"
     readme.write_text("# t\n\n## Results\n\n<!-- results:begin -->\nstale\n<!-- results:end -->\n\nafter\n")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     rr = subprocess.run([sys.executable, "-m", "bench.render", "--table", str(table), "--readme", str(readme),
-                         "--plots", str(tmp_path / "plots"), "--include-cpu"], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=300)
+                         "--full", str(full), "--plots", str(tmp_path / "plots"), "--include-cpu"], cwd=REPO,
+                        env=env, capture_output=True, text=True, timeout=300)
     assert rr.returncode == 0, rr.stderr
     text = readme.read_text()
     assert "stale" not in text and text.startswith("# t\n") and text.endswith("after\n")
     block = text[text.index(results.MARK_BEGIN):text.index(results.MARK_END)]
     lines = [ln for ln in block.splitlines() if ln.startswith("| ") and not ln.startswith("| ---")]
-    assert "megakernel ms/step" in lines[0] and "per-op ms/step" in lines[0] and "cuda-graph" not in lines[0]
-    assert len(lines) == 3    # the header, then batch 1 and batch 2 (at the shortest prompt)
-    for B, line in zip((1, 2), lines[1:]):
+    # the decode question: megakernel beside the peer that ran (cuda-graph failed: no column)
+    assert lines[0] == "| model | batch | megakernel | per-op |"
+    for B, line in zip((1, 2), lines[1:3]):
         cells = [c.strip() for c in line.strip("|").split("|")]
-        assert cells[3] == str(B) and cells[4] == "4 + 3"
-        assert cells[6] == f"{mk[(B, 4)]['ms_per_step']:.3f}"
+        assert cells[:3] == [str(tiny.folder), str(B), f"{mk[(B, 4)]['ms_per_step']:.3f}"]
+    assert "(plots/q-decode-cpu.png)" in block and "(plots/q-prefill.png)" in block
+    assert "No FP8 run" in block and "No TP runs" in block and "No load test" in block
+    assert max(len(ln.strip("|").split("|")) for ln in lines) <= 6       # small tables
+    # the full table: every row, each with its run, whose device, commit and command are listed
+    doc = full.read_text()
+    bench_rows = doc[doc.index("## Bench rows"):doc.index("## Serving rows")]
+    body = [ln for ln in bench_rows.splitlines() if ln.startswith("| ") and not ln.startswith("| ---")][1:]
+    assert len(body) == len(rows) and all(f"| {rows[0]['run']} |" in ln for ln in body)
+    assert sorted(ln.split("|")[7].strip() for ln in body) == sorted(x["backend"] for x in rows)
+    runs = doc[doc.index("## Runs"):]
+    assert rows[0]["command"] in runs and rows[0]["device"] in runs and results.commit_cell(rows[0]) in runs
     plots = sorted(p.name for p in (tmp_path / "plots").iterdir())
-    assert [p.rsplit("-", 1)[1] for p in plots] == ["batch.png", "context.png", "prefill.png"], plots
+    assert sorted(p.rsplit("-", 1)[1] for p in plots if not p.startswith("q-")) == \
+        ["batch.png", "context.png", "prefill.png"], plots
+    assert [p for p in plots if p.startswith("q-")] == ["q-decode-cpu.png", "q-prefill.png"]
     assert all((tmp_path / "plots" / p).stat().st_size > 1000 for p in plots)
     # CPU rows stay out of the headline unless asked for
     assert "No recorded runs" in results.headline_markdown(rows)
+
+
+def _bench_until(args, line_starts, sig):
+    """Start the bench, read stdout until a line starting with ``line_starts``, send ``sig``;
+    returns (returncode, stdout, stderr)."""
+    import signal  # noqa: F401  (sig is a signal.Signals)
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
+               OMP_NUM_THREADS=str(torch.get_num_threads()))
+    p = subprocess.Popen([sys.executable, "-m", "megakernel.bench", *map(str, args)], cwd=REPO, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        for line in p.stdout:
+            seen.append(line)
+            if line.lstrip().startswith(line_starts):
+                p.send_signal(sig)
+                break
+        else:
+            raise AssertionError("the bench ended before the line: " + "".join(seen) + p.stderr.read()[-3000:])
+        out, err = p.communicate(timeout=600)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return p.returncode, "".join(seen) + out, err
+
+
+def test_interrupted_bench_keeps_the_rows_that_finished(tmp_path):
+    import signal
+    from megakernel import results
+    out_json, table = tmp_path / "b.json", tmp_path / "results.jsonl"
+    table.write_text('{"run": "older", "time": "t", "command": "c", "backend": "megakernel"}\n')
+    # five settings: Ctrl-C after the first row lands long before the last
+    args = ["--device", "cpu", "--compare", "per-op", "--batch-size", "1,2,3,4,5", "--prompt-len", "4", "-n", 3,
+            "--seed", 1, "--output-json", out_json, "--record", table]
+    rc, out, err = _bench_until(args, "1      4  megakernel", signal.SIGINT)
+    assert rc == 130, err[-3000:]
+    assert err.strip().endswith("interrupted")
+    doc = json.loads(out_json.read_text())
+    assert doc["partial"] is True and 1 <= len(doc["results"]) < 10
+    assert (doc["results"][0]["batch_size"], doc["results"][0]["backend"]) == (1, "megakernel")
+    assert all(r["partial"] is True and r["error"] is None and r["ms_per_step"] > 0 for r in doc["results"])
+    assert json.loads(out.strip().splitlines()[-1]) == doc     # printed as well, the last stdout line
+    rows = results.read_rows(table)
+    assert rows[0] == {"run": "older", "time": "t", "command": "c", "backend": "megakernel"}   # untouched
+    assert [(r["batch_size"], r["backend"], r["ms_per_step"], r["partial"]) for r in rows[1:]] == \
+        [(r["batch_size"], r["backend"], r["ms_per_step"], True) for r in doc["results"]]
+
+
+def test_interrupted_bench_never_clobbers_a_finished_json(tmp_path):
+    import signal
+    out_json = tmp_path / "b.json"
+    finished = '{"results": [{"backend": "megakernel", "ms_per_step": 1.0}]}\n'
+    out_json.write_text(finished)
+    # SIGTERM once the card is out, before any row finishes: nothing to write, the old file stays
+    rc, out, err = _bench_until(["--device", "cpu", "--compare", "per-op", "--batch-size", "1,2", "-n", 3,
+                                 "--output-json", out_json], "plan ", signal.SIGTERM)
+    assert rc == 143, err[-3000:]
+    assert out_json.read_text() == finished
+    assert f"no row finished: {out_json} left as it was" in err and err.strip().endswith("terminated (SIGTERM)")
+    assert not list(tmp_path.glob("b.json.tmp*"))
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The complete recorded sweep of issue 53, in parts that each fit one 10-minute device call. Run
+# every part on an H100 and again on an H200; rows go to bench/results.jsonl (each with its
+# command, commit and device), and `python -m bench.render` draws the README and docs/results.md.
+#
+#   bash bench/sweep.sh --list            # the parts, what each runs, the GPUs it needs
+#   bash bench/sweep.sh --print PART      # its commands, without running them
+#   bash bench/sweep.sh PART [PART...]    # run them (exit status 1 if any command failed)
+#
+# A part's time is a guess from earlier runs (compiled peers take 30-70 s to compile per setting,
+# which is what made one 8b run of three batches pass 570 s); a bench cut short keeps the rows that
+# finished (marked partial), so a part that overruns loses only its last setting. RECORD=path
+# records elsewhere. On an 80 GB H100, 32b beside the transformers peer may not fit twice: the
+# bench reports that backend's failure in its row and runs the others.
+set -u
+RECORD=${RECORD:-bench/results.jsonl}
+BENCH="python -m megakernel.bench --random-weights --prompt-len 128 -n 128 --record $RECORD"
+PEERS="--compare cuda-graph,torch-compile,hf-compile"
+PREFILL="--prefill-only --prompt-len 128,512,1024,4096,16384,32768"
+
+# name|GPUs|what
+PARTS=(
+  "sizes-small|1|0.6b, 1.7b and 4b at batch 1, beside cuda-graph"
+  "sizes-8b-14b|1|8b and 14b at batch 1, beside cuda-graph"
+  "sizes-32b|1|32b at batch 1, beside cuda-graph"
+  "decode-0.6b-a|1|0.6b at batch 1, 4 and 8 beside cuda-graph, torch-compile and hf-compile"
+  "decode-0.6b-b|1|0.6b at batch 16, 32 and 64 beside the same peers"
+  "decode-8b-a|1|8b at batch 1 and 4 beside the same peers"
+  "decode-8b-b|1|8b at batch 8 and 16 beside the same peers"
+  "decode-8b-c|1|8b at batch 32 and 64 beside the same peers"
+  "decode-32b-a|1|32b at batch 1 and 4 beside the same peers"
+  "decode-32b-b|1|32b at batch 8 and 16 beside the same peers"
+  "decode-32b-c|1|32b at batch 32 and 64 beside the same peers"
+  "prefill-0.6b|1|0.6b prefill at 128 to 32k tokens, beside transformers"
+  "prefill-8b|1|8b prefill at 128 to 32k tokens, beside transformers"
+  "prefill-32b|1|32b prefill at 128 to 32k tokens, beside transformers"
+  "fp8|1|0.6b and 8b with FP8 projections at batch 1, 8 and 16, beside cuda-graph"
+  "tp-8b|4|8b at TP 1, 2 and 4, batch 1 and 8, beside cuda-graph at the same TP"
+  "tp-14b|4|14b at TP 1, 2 and 4, batch 1 and 8, beside cuda-graph at the same TP"
+  "tp-32b|4|32b at TP 1, 2 and 4, batch 1 and 8, beside cuda-graph at the same TP"
+  "tune-0.6b|1|python -m megakernel.tune for 0.6b (batch 1 and 8), then rules against tuned"
+  "tune-8b|1|python -m megakernel.tune for 8b (batch 1 and 8), then rules against tuned"
+)
+
+commands() {    # the commands of part $1, one a line
+    case "$1" in
+    sizes-small)   for m in 0.6b 1.7b 4b; do echo "$BENCH -m $m --batch-size 1 --compare cuda-graph"; done ;;
+    sizes-8b-14b)  for m in 8b 14b; do echo "$BENCH -m $m --batch-size 1 --compare cuda-graph"; done ;;
+    sizes-32b)     echo "$BENCH -m 32b --batch-size 1 --compare cuda-graph" ;;
+    decode-0.6b-a) echo "$BENCH -m 0.6b --batch-size 1,4,8 $PEERS" ;;
+    decode-0.6b-b) echo "$BENCH -m 0.6b --batch-size 16,32,64 $PEERS" ;;
+    decode-8b-a)   echo "$BENCH -m 8b --batch-size 1,4 $PEERS" ;;
+    decode-8b-b)   echo "$BENCH -m 8b --batch-size 8,16 $PEERS" ;;
+    decode-8b-c)   echo "$BENCH -m 8b --batch-size 32,64 $PEERS" ;;
+    decode-32b-a)  echo "$BENCH -m 32b --batch-size 1,4 $PEERS" ;;
+    decode-32b-b)  echo "$BENCH -m 32b --batch-size 8,16 $PEERS" ;;
+    decode-32b-c)  echo "$BENCH -m 32b --batch-size 32,64 $PEERS" ;;
+    prefill-*)     echo "python -m megakernel.bench --random-weights -m ${1#prefill-} $PREFILL --record $RECORD" ;;
+    fp8)           for m in 0.6b 8b; do
+                       echo "$BENCH -m $m --quantize fp8 --batch-size 1,8,16 --compare cuda-graph"; done ;;
+    tp-*)          for tp in 1 2 4; do
+                       echo "$BENCH -m ${1#tp-} --tp $tp --batch-size 1,8 --compare cuda-graph"; done ;;
+    tune-*)        # the bench's max_seq_len is 128 + 128 + 8 = 264: tune that bucket
+                   echo "python -m megakernel.tune -m ${1#tune-} --random-weights --batch-size 1,8 --max-seq-len 264 --budget-s 300"
+                   echo "$BENCH -m ${1#tune-} --batch-size 1,8 --plan rules,tuned --compare cuda-graph" ;;
+    *)             return 1 ;;
+    esac
+}
+
+known() { local p; for p in "${PARTS[@]}"; do [ "${p%%|*}" = "$1" ] && return 0; done; return 1; }
+
+usage() { echo "usage: bash bench/sweep.sh --list | --print PART | PART [PART...]" >&2; exit 2; }
+
+[ $# -ge 1 ] || usage
+case "$1" in
+--list)
+    printf '%-15s %-5s %s\n' part GPUs "what it runs"
+    for p in "${PARTS[@]}"; do IFS='|' read -r name gpus what <<<"$p"; printf '%-15s %-5s %s\n' "$name" "$gpus" "$what"; done
+    exit 0 ;;
+--print)
+    [ $# -eq 2 ] || usage
+    known "$2" || { echo "error: no part '$2' (bash bench/sweep.sh --list names them)" >&2; exit 2; }
+    commands "$2"; exit 0 ;;
+-*) usage ;;
+esac
+for part in "$@"; do     # every name checked before anything runs
+    known "$part" || { echo "error: no part '$part' (bash bench/sweep.sh --list names them)" >&2; exit 2; }
+done
+cd "$(dirname "$0")/.." || exit 2
+# multi-GPU parts: NVLink multicast off, as bench/tp_run.sh runs them
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+failed=0
+for part in "$@"; do
+    while IFS= read -r cmd; do
+        echo "+ $cmd" >&2
+        $cmd || { echo "FAILED ($?): $cmd" >&2; failed=1; }
+    done < <(commands "$part")
+done
+exit $failed
