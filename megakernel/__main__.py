@@ -10,6 +10,7 @@ import sys
 COMMANDS = {
     "generate": ("megakernel.generate", "continue prompts with a Qwen3 model, streaming the text"),
     "serve": ("megakernel.serve", "an OpenAI-compatible HTTP server"),
+    "loadtest": ("megakernel.loadtest", "concurrent streaming clients against a server: requests/s, tokens/s, latency"),
     "bench": ("megakernel.bench", "time the megakernel against its baselines on one prompt"),
     "tune": ("megakernel.tune", "measure tile plans on this GPU and cache the fastest"),
     "tape": ("megakernel.tape", "print a model's instruction tape and its cost estimate, without weights"),

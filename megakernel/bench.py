@@ -566,7 +566,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=None, help="prompt seed; default a fresh one each run (recorded)")
     p.add_argument("--force-cpu", action="store_true",
                    help=f"run a model of more than {CPU_MAX_PARAMS // 1_000_000}M parameters on the CPU anyway "
-                        f"(Triton's interpreter: minutes a step)")
+                        f"(Triton's interpreter: minutes a step); --prefill-only needs no forcing")
     p.add_argument("--output-json", default=None, help="also write the JSON result (the last stdout line) here")
     p.add_argument("--record", default=None,
                    help="append one row per backend and setting to this results table (bench/results.jsonl)")
@@ -650,7 +650,11 @@ def settle(args, dev):
     if on_cpu and args.model != "tiny" and not args.force_cpu:
         cfg = _config_of(args.model)
         if cfg is not None and cfg.num_parameters() > CPU_MAX_PARAMS:
-            raise UsageError(_cpu_refusal(args.model, cfg.num_parameters()))
+            if not args.prefill_only:
+                raise UsageError(_cpu_refusal(args.model, cfg.num_parameters()))
+            # a prefill runs torch's ops, not the interpreter: slow on a CPU, but it ends
+            print(f"note: {args.model} prefill on the CPU: torch's ops, tens of seconds per 1k prompt tokens at "
+                  f"0.6b, more for longer prompts and larger models", file=sys.stderr)
 
 
 def _cpu_refusal(name, params):
@@ -748,7 +752,8 @@ def bench(args) -> dict:
     else:
         model = load_model(args.model, random_weights=args.random_weights, device=dev, quantize=args.quantize,
                            tp=args.tp, rank=rank)
-        if dev.type == "cpu" and model.config.num_parameters() > CPU_MAX_PARAMS and not args.force_cpu:
+        if (dev.type == "cpu" and model.config.num_parameters() > CPU_MAX_PARAMS and not args.force_cpu
+                and not args.prefill_only):
             raise UsageError(_cpu_refusal(args.model, model.config.num_parameters()))
     cfg = model.config
     from . import plans

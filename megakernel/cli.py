@@ -63,7 +63,7 @@ def number(text: str) -> float:
 
 def description(doc: str) -> str:
     """A tool's description for --help: its docstring's first paragraph after "python -m X: "."""
-    first = " ".join(doc.split("\n\n")[0].split())
+    first = " ".join(doc.split("\n\n")[0].split()).replace("``", "")
     first = first.split(": ", 1)[1] if first.startswith("python -m ") else first
     return first[:1].upper() + first[1:]
 

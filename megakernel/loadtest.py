@@ -25,30 +25,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from megakernel import cli
+from megakernel.cli import UsageError
+
 # Random prompt ids are drawn from here: inside every Qwen3 vocabulary and any byte-level one.
 PROMPT_ID_RANGE = (10, 256)
 
 
-class UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
-
-
 def parse_args(argv=None) -> argparse.Namespace:
-    p = _Parser(prog="python -m megakernel.loadtest", description=__doc__.splitlines()[0])
+    p = cli.Parser(prog="python -m megakernel.loadtest", description=cli.description(__doc__))
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
     p.add_argument("--concurrency", type=int, default=32, help="clients sending at once")
     p.add_argument("--duration", type=float, default=60.0, help="seconds to keep sending")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens each completion asks for")
     p.add_argument("--prompt-tokens", type=int, default=32, help="length of the random token-id prompts")
     p.add_argument("--prompt", default=None, help="send this text as every prompt instead of token ids")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--eos", action="store_true", help="let EOS end a completion (default: ignore_eos, fixed "
-                   "lengths)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--eos", action="store_true", help="let EOS end a completion (without it: ignore_eos, so every "
+                   "completion is --max-tokens long)")
     p.add_argument("--model", default=None, help="model name (default: the server's first in /v1/models)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")

@@ -1,8 +1,7 @@
 """Tuned plans: the cache that ``python -m megakernel.tune`` writes, and which plan a run uses.
 
-The cache is one JSON file, ``plans.json`` in ``$MEGAKERNEL_CACHE_DIR``, else the cache folder the
-random weights use (``$MEGAKERNEL_CACHE``, else ``$XDG_CACHE_HOME/megakernel``, else
-``~/.cache/megakernel``). An entry is keyed by the device's name, Triton's version, the model's
+The cache is one JSON file, ``plans.json`` in the cache folder the random weights use
+(``$MEGAKERNEL_CACHE``, else ``$XDG_CACHE_HOME/megakernel``, else ``~/.cache/megakernel``). An entry is keyed by the device's name, Triton's version, the model's
 shapes, the dtype, the batch size, the context bucket (max_seq_len rounded up to a power of
 two) and the tensor parallel degree; an entry made on another device or with another Triton is
 never used. It holds the plan's fields that differ from the rules' plan (``scheduler.ops.make_plan``)
@@ -38,8 +37,7 @@ PLANNED_BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph", "vm")
 
 def cache_path() -> Path:
     from models.qwen3.weights import cache_dir
-    root = os.environ.get("MEGAKERNEL_CACHE_DIR")
-    return (Path(root).expanduser() if root else cache_dir()) / CACHE_FILE
+    return cache_dir() / CACHE_FILE
 
 
 def device_name(device) -> str:

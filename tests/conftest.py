@@ -84,8 +84,15 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _own_plan_cache(tmp_path_factory, monkeypatch):
-    """Each test its own empty plan cache (megakernel.plans): plans tuned on this machine stay out."""
-    monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path_factory.mktemp("plans")))
+    """Each test its own cache folder, so its plan cache (megakernel.plans) starts empty: plans
+    tuned on this machine stay out. Its ``random`` folder links to the user's, so random weights
+    (0.6b's take tens of seconds to make) are made once, as outside the tests."""
+    from models.qwen3.weights import cache_dir
+    shared = cache_dir() / "random"
+    shared.mkdir(parents=True, exist_ok=True)
+    own = tmp_path_factory.mktemp("mkcache")
+    (own / "random").symlink_to(shared, target_is_directory=True)
+    monkeypatch.setenv("MEGAKERNEL_CACHE", str(own))
 
 
 @pytest.fixture

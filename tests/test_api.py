@@ -1,6 +1,6 @@
 """The library API says what it does: ``prefill`` returns the first generated tokens and ``step``
 the next, so a prefill-then-step loop gets the tokens ``generate`` gets; a batch's sequences end
-on their own (a stop token or their own limit) while the others go on; the README's library
+on their own (a stop token or their own limit) while the others go on; docs/usage.md's library
 example runs as written."""
 
 from __future__ import annotations
@@ -99,16 +99,17 @@ def test_reprs_are_one_line(tiny_model):
     assert "2 layers" in repr(tiny_model.weights) and "backend='reference'" in repr(mk)
 
 
-def readme_library_example() -> str:
-    readme = (__import__("pathlib").Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("### Library"):]
+def usage_library_example() -> str:
+    """docs/usage.md's library example (the README's shorter one runs in test_readme.py)."""
+    usage = (__import__("pathlib").Path(__file__).resolve().parents[1] / "docs" / "usage.md").read_text()
+    section = usage[usage.index("## Library"):]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_readme_library_example_runs_as_written(tmp_path, monkeypatch, capsys):
+def test_usage_library_example_runs_as_written(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path))
-    code = readme_library_example()
+    code = usage_library_example()
     assert "mk.prefill(" in code and "mk.step()" in code and "assert" in code
-    exec(compile(code, "README.md", "exec"), {})     # its own assert compares the loop with generate
+    exec(compile(code, "docs/usage.md", "exec"), {})     # its own assert compares the loop with generate
     printed = capsys.readouterr().out
     assert re.search(r"tensor\(\[\[", printed), printed

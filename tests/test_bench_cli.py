@@ -214,6 +214,10 @@ def test_cpu_defaults_size_themselves(monkeypatch, capsys):
     args = bench.parse_args(["--prefill-only", "--prompt-len", "32"])
     bench.settle(args, cpu)
     assert args.max_new_tokens == 1 and args.compare_list == ["hf"]
+    capsys.readouterr()
+    args = bench.parse_args(["-m", "0.6b", "--prefill-only", "--prompt-len", "32"])
+    bench.settle(args, cpu)              # no decode step: not refused, but told it is slow
+    assert "note: 0.6b prefill on the CPU" in capsys.readouterr().err
     # the old flag name still works
     assert bench.parse_args(["--new-tokens", "5"]).max_new_tokens == 5
 

@@ -55,6 +55,23 @@ def test_load_model_without_a_checkpoint_raises(monkeypatch, tmp_path):
     assert files_under(tmp_path) == []
 
 
+def test_a_failed_download_quotes_its_cause_whole(monkeypatch, tmp_path):
+    import huggingface_hub
+    cause = ("An error happened while trying to locate the file on the Hub and we cannot find the appropriate "
+             "snapshot folder for the specified revision on the local disk. Please check your internet "
+             "connection and try again.")
+
+    def absent(*args, **kwargs):
+        raise OSError(cause)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", absent)
+    monkeypatch.setattr(weights_mod, "_offline", lambda: False)
+    with pytest.raises(CheckpointError) as e:
+        load_model("0.6b", device="cpu")
+    msg = one_line(e.value)
+    assert f"(OSError: {cause})" in msg and msg.endswith("random_weights=True in load_model)"), msg
+
+
 def test_demo_shape_needs_random_weights(cli):
     assert_cli_error(cli("-m", "tiny-random"), "'tiny-random' is a demo shape", "--random-weights")
     with pytest.raises(CheckpointError, match="random_weights=True"):

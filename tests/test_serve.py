@@ -305,6 +305,32 @@ def test_concurrent_clients_get_their_solo_text(server, monkeypatch):
     assert max(widths) == 8, f"the batch never filled: {widths}"
 
 
+def test_a_list_of_prompts_gets_one_choice_each_in_order(server, ckpt):
+    """OpenAI's list of prompts (strings and token-id lists, no ``model``, as vLLM takes it): one
+    choice per prompt, ``index`` in order, each the greedy tokens that prompt gets sent alone; the
+    same streamed; with n=2, choice p * 2 + j is the j-th of prompt p."""
+    prompts = [words_prompt(1, 5), ckpt.tok.encode("the dog ran"), words_prompt(2, 2), "the cat"]
+    body = {"max_tokens": 7, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    alone = [post(server, "/v1/completions", dict(body, prompt=p)).json() for p in prompts]
+    r = post(server, "/v1/completions", dict(body, prompt=prompts))
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert [c["index"] for c in got["choices"]] == [0, 1, 2, 3]
+    for c, a in zip(got["choices"], alone):
+        assert (c["text"], c["token_ids"], c["finish_reason"]) == \
+            (a["choices"][0]["text"], a["choices"][0]["token_ids"], "length")
+    assert got["prompt_token_ids"] == [a["prompt_token_ids"] for a in alone]
+    assert got["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone)
+    assert got["usage"]["completion_tokens"] == 4 * 7
+
+    streamed = streamed_choices(stream(server, "/v1/completions", dict(body, prompt=prompts)), n=4)
+    assert [(s["text"], s["ids"]) for s in streamed] == [(c["text"], c["token_ids"]) for c in got["choices"]]
+
+    two = post(server, "/v1/completions", dict(body, prompt=prompts[:2], n=2)).json()["choices"]
+    assert [c["index"] for c in two] == [0, 1, 2, 3]
+    assert [c["token_ids"] for c in two] == [got["choices"][i]["token_ids"] for i in (0, 0, 1, 1)]
+
+
 def test_streamed_text_equals_non_streamed(server, ckpt):
     """Sampled, seeded, two choices of 40 byte-level tokens (half characters included): the
     stream's text equals the whole response's, which equals the decoded ids, and no piece of the
@@ -344,7 +370,9 @@ def test_streamed_text_equals_non_streamed(server, ckpt):
     ("/v1/completions", {"prompt": "the cat " * 60}, "maximum context length is 96"),
     ("/v1/completions", {"prompt": "the cat", "max_tokens": 95}, "maximum context length is 96"),
     ("/v1/completions", {"prompt": [1, 2, 100000]}, "outside the vocabulary"),
-    ("/v1/completions", {"prompt": ["a", "b"]}, "several prompts"),
+    ("/v1/completions", {"prompt": []}, "prompt is empty"),
+    ("/v1/completions", {"prompt": ["the cat", [1, 2, 100000]]}, "outside the vocabulary"),
+    ("/v1/completions", {"prompt": ["the cat"] * 40, "n": 2}, "more sequences than the server's queue"),
     ("/v1/completions", {"prompt": "the cat", "temperature": -1}, "temperature"),
     ("/v1/completions", {"prompt": "the cat", "temperature": 1, "top_p": 1.5}, "top_p"),
     ("/v1/completions", {"prompt": "the cat", "n": 0}, "n must be at least 1"),

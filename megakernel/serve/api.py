@@ -3,7 +3,10 @@
 
 Bodies follow OpenAI's schema closely enough for the official ``openai`` client; vLLM's extensions
 ``top_k``, ``ignore_eos``, ``return_token_ids`` and ``chat_template_kwargs`` are taken as vLLM takes
-them. Every error is answered with OpenAI's error body ``{"error": {"message", "type", "param",
+them. ``/v1/completions`` takes a list of prompts (strings or token-id lists) as OpenAI's API and
+vLLM do: one choice per prompt (``n`` per prompt), in order, choice ``p * n + j`` the ``j``-th of
+prompt ``p``, streamed or not. A request may leave out ``model``, as vLLM allows (OpenAI's spec
+requires it): it gets the one model served; a ``model`` that names another is a 400. Every error is answered with OpenAI's error body ``{"error": {"message", "type", "param",
 "code"}}``: 400 for a request that cannot be served as asked, 503 where the queue is full, 500
 where the engine failed.
 """
@@ -82,7 +85,7 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[int] | list[str | list[int]]    # a list may mix strings and id lists
 
 
 class ChatMessage(BaseModel):
@@ -160,18 +163,18 @@ def create_app(engine: Engine, codec: TextCodec, config: ServerConfig, metrics: 
         try:
             body = await parse(raw, CompletionRequest)
             params = _params(body, config, codec, engine)
-            prompt = body.prompt
-            if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-                if len(prompt) != 1:
-                    raise BadRequest("several prompts in one request are not supported: send one request "
-                                     "per prompt", "prompt")
-                prompt = prompt[0]
-            ids = codec.encode(prompt) if isinstance(prompt, str) else codec.check_ids(list(prompt))
-            params = _fit(params, len(ids), body.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, config, "max_tokens")
+            prompts = _prompts(body.prompt)
+            if len(prompts) * params.n > engine.max_queue:
+                raise BadRequest(f"{len(prompts)} prompts x n={params.n} are more sequences than the server's "
+                                 f"queue holds ({engine.max_queue})", "prompt")
+            ids = [codec.encode(p) if isinstance(p, str) else codec.check_ids(list(p)) for p in prompts]
+            # one max_tokens for the request: checked against (and by default fitted to) the longest prompt
+            params = _fit(params, max(map(len, ids)), body.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, config,
+                          "max_tokens")
         except (BadRequest, PromptError) as e:
             return bad_request(str(e), getattr(e, "param", "prompt"))
         if config.log_prompts:
-            log.info("prompt: %r", prompt)
+            log.info("prompt: %r", body.prompt)
         show_ids = body.return_token_ids or not codec.has_text
         return await _serve(raw, ids, params, body, chat=False, show_ids=show_ids)
 
@@ -191,19 +194,19 @@ def create_app(engine: Engine, codec: TextCodec, config: ServerConfig, metrics: 
             return bad_request(str(e), getattr(e, "param", "messages"))
         if config.log_prompts:
             log.info("messages: %r", messages)
-        return await _serve(raw, ids, params, body, chat=True, show_ids=body.return_token_ids)
+        return await _serve(raw, [ids], params, body, chat=True, show_ids=body.return_token_ids)
 
-    async def _serve(raw: HTTPRequest, ids: list[int], params: GenParams, body: _Common, chat: bool,
+    async def _serve(raw: HTTPRequest, prompts: list[list[int]], params: GenParams, body: _Common, chat: bool,
                      show_ids: bool):
-        req = Request(ids, params, codec.decode)
+        req = Request(prompts, params, codec.decode)
         try:
             engine.submit(req)
         except (QueueFull, EngineStopped) as e:
             metrics.requests.labels("rejected").inc()
             log.warning("request refused: %s", e)
             return error_body(503, str(e))
-        log.info("request %d: %d prompt tokens, n=%d, max_tokens=%d%s", req.id, len(ids), params.n,
-                 params.max_tokens, ", streamed" if body.stream else "")
+        log.info("request %d: %d prompt(s) of %d tokens, n=%d, max_tokens=%d%s", req.id, len(prompts),
+                 req.prompt_tokens, params.n, params.max_tokens, ", streamed" if body.stream else "")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         head = {"id": rid, "object": "chat.completion.chunk" if body.stream and chat else
                 "chat.completion" if chat else "text_completion", "created": int(time.time()),
@@ -225,7 +228,7 @@ def create_app(engine: Engine, codec: TextCodec, config: ServerConfig, metrics: 
                                     on_close=lambda: engine.cancel(req), media_type="text/event-stream",
                                     headers={"Cache-Control": "no-cache"})
             events = [first]
-            while not _all_finished(events, params.n):
+            while not _all_finished(events, len(req.seqs)):
                 ev = await _next(req, watch)
                 if ev is None:
                     return Response(status_code=499)
@@ -281,12 +284,12 @@ def _all_finished(events: list, n: int) -> bool:
 
 
 def _usage(req: Request) -> dict:
-    p, c = len(req.prompt_ids), req.completion_tokens
+    p, c = req.prompt_tokens, req.completion_tokens
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
 def _full_response(head: dict, req: Request, events: list, chat: bool, show_ids: bool) -> dict:
-    n = req.params.n
+    n = len(req.seqs)
     texts, ids, finish = [[] for _ in range(n)], [[] for _ in range(n)], [None] * n
     for e in events:
         texts[e.index].append(e.text)
@@ -303,7 +306,8 @@ def _full_response(head: dict, req: Request, events: list, chat: bool, show_ids:
         choices.append(choice)
     out = dict(head, choices=choices, usage=_usage(req))
     if show_ids:
-        out["prompt_token_ids"] = req.prompt_ids
+        # one prompt's ids as a flat list; several prompts' as one list each, in order
+        out["prompt_token_ids"] = req.prompts[0] if len(req.prompts) == 1 else req.prompts
     return out
 
 
@@ -311,7 +315,7 @@ async def _stream(req: Request, first, head: dict, chat: bool, show_ids: bool, i
     def chunk(choices, **extra) -> str:
         return f"data: {json.dumps(dict(head, choices=choices, **extra))}\n\n"
 
-    n, finished = req.params.n, 0
+    n, finished = len(req.seqs), 0
     out = []
     if chat:   # OpenAI's first chunk of each choice names the role
         out += [chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -347,6 +351,16 @@ async def _stream(req: Request, first, head: dict, chat: bool, show_ids: bool, i
         out.append(chunk([], usage=_usage(req)))
     out.append("data: [DONE]\n\n")
     yield "".join(out)
+
+
+def _prompts(prompt) -> list:
+    """A completion request's prompts, as OpenAI's API takes them: a string, a list of token ids,
+    or a list of either (one choice, or n, per prompt, in order)."""
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        return [prompt]
+    if not prompt:
+        raise BadRequest("prompt is empty", "prompt")
+    return list(prompt)
 
 
 def _message(m: ChatMessage) -> dict:

@@ -67,21 +67,27 @@ class Failure:
 
 
 class Request:
-    """One API request: ``n`` sequences from one prompt. Events (``Delta`` and ``Failure``) arrive
-    on ``events``, an asyncio queue of the event loop that made the request."""
+    """One API request: ``n`` sequences from each of its prompts (OpenAI's completions take a list
+    of prompts), choice ``p * n + j`` the ``j``-th of prompt ``p``. Events (``Delta`` and
+    ``Failure``) arrive on ``events``, an asyncio queue of the event loop that made the request."""
 
     _ids = itertools.count()
 
-    def __init__(self, prompt_ids: list[int], params: GenParams, decode: Callable[[list[int]], str]):
+    def __init__(self, prompts: list[list[int]], params: GenParams, decode: Callable[[list[int]], str]):
         self.id = next(Request._ids)
-        self.prompt_ids = list(prompt_ids)
+        self.prompts = [list(p) for p in prompts]
         self.params = params
         self.loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
         self.arrival = time.perf_counter()
         self.cancelled = False   # set by the API (the client went away), read by the engine thread
         self.done = False        # every sequence finished, or the request failed
-        self.seqs = [Sequence(self, i, Detokenizer(decode)) for i in range(params.n)]
+        self.seqs = [Sequence(self, p * params.n + j, j, prompt, Detokenizer(decode))
+                     for p, prompt in enumerate(self.prompts) for j in range(params.n)]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(map(len, self.prompts))
 
     @property
     def completion_tokens(self) -> int:
@@ -91,8 +97,9 @@ class Request:
 class Sequence:
     """One choice of a request, and the slot it holds while it runs."""
 
-    def __init__(self, req: Request, index: int, detok: Detokenizer):
-        self.req, self.index, self.detok = req, index, detok
+    def __init__(self, req: Request, index: int, choice: int, prompt_ids: list[int], detok: Detokenizer):
+        # index: the choice's place in the response; choice: its place among its prompt's n
+        self.req, self.index, self.choice, self.prompt_ids, self.detok = req, index, choice, prompt_ids, detok
         self.slot: int | None = None
         self.out_ids: list[int] = []
         self.text = ""           # text so far, stop strings applied
@@ -237,10 +244,12 @@ class Engine:
             b = free[0]
             sp = req.params.sampling
             try:
-                logits = self.mk.prefill_slot(b, req.prompt_ids)
+                logits = self.mk.prefill_slot(b, seq.prompt_ids)
                 if not sp.greedy:
                     if sp.seed is not None:
-                        seq.generator = torch.Generator(device=self.device).manual_seed(sp.seed + seq.index)
+                        # seeded by its place among its prompt's choices, so that a prompt of a
+                        # list draws what it draws when sent alone
+                        seq.generator = torch.Generator(device=self.device).manual_seed(sp.seed + seq.choice)
                     token = int(sample(logits[None], sp, seq.generator))
                 else:
                     token = int(logits.argmax())
@@ -250,8 +259,8 @@ class Engine:
                 log.exception("prefill of request %d failed", req.id)
                 self._fail(req, Failure(500, f"prefill failed: {_describe(e)}"), events)
                 continue
-            if seq.index == 0:
-                self.metrics.prompt_tokens.inc(len(req.prompt_ids))
+            if seq.choice == 0:
+                self.metrics.prompt_tokens.inc(len(seq.prompt_ids))
             seq.slot = b
             self.slots[b] = seq
             self._accept(seq, token, time.perf_counter(), events)
@@ -337,7 +346,7 @@ class Engine:
                 m.requests.labels("ok").inc()
                 m.e2e.observe(now - req.arrival)
                 log.info("request %d done: %d prompt tokens, %d completion tokens, %s", req.id,
-                         len(req.prompt_ids), req.completion_tokens,
+                         req.prompt_tokens, req.completion_tokens,
                          ",".join(s.finish_reason for s in req.seqs))
 
     def _free(self, seq: Sequence):

@@ -17,46 +17,41 @@ import sys
 import time
 from pathlib import Path
 
+from megakernel import cli
+from megakernel.cli import UsageError
+
 log = logging.getLogger("megakernel.serve")
 
 NEEDS = ("fastapi", "uvicorn", "prometheus_client", "transformers")
 
 
-class UsageError(Exception):
-    """A mistake in the command line: one line, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     from megakernel.runtime import BACKENDS
-    p = _Parser(prog="python -m megakernel.serve", description=__doc__.splitlines()[0])
+    p = cli.Parser(prog="python -m megakernel.serve", description=cli.description(__doc__))
     p.add_argument("--model", default="0.6b",
                    help="size alias (0.6b 1.7b 4b 8b 14b 32b), Hugging Face repo id, or checkpoint folder")
     p.add_argument("--random-weights", action="store_true",
                    help="deterministic random weights of the model's shapes (no tokenizer: prompts are token ids)")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
-    p.add_argument("--batch-size", type=int, default=16, help="slots of the running batch (default 16)")
+    p.add_argument("--batch-size", type=int, default=16, help="slots of the running batch")
     p.add_argument("--max-seq-len", type=int, default=4096,
-                   help="context of each slot: prompt plus completion tokens (default 4096)")
+                   help="context of each slot: prompt plus completion tokens")
     p.add_argument("--max-queue", type=int, default=256,
-                   help="sequences that may wait for a slot; past that, requests get a 503 (default 256)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+                   help="sequences that may wait for a slot; past that, requests get a 503")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free one)")
     p.add_argument("--backend", default=None,
                    help=f"one of {', '.join(BACKENDS)} (default: megakernel on CUDA, else reference)")
     p.add_argument("--device", default=None, help="cpu, cuda or npu (default: the best available)")
     p.add_argument("--tp", type=_tp_degree, default=1,
                    help="tensor parallel degree: the model split over this many GPUs, one process each (started "
-                        "here, or by torchrun); rank 0 serves, the others repeat its steps (default 1)")
+                        "here, or by torchrun); rank 0 serves, the others repeat its steps")
     p.add_argument("--plan", choices=("auto", "rules", "tuned"), default="auto",
                    help="the kernels' tile plan: tuned (python -m megakernel.tune's cache), rules, or auto (tuned "
-                        "where cached for this device, model, batch and max_seq_len; default)")
-    p.add_argument("--log-prompts", action="store_true", help="log prompt text (off by default)")
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+                        "where cached for this device, model, batch and max_seq_len)")
+    p.add_argument("--log-prompts", action="store_true", help="log prompt text")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="the server's and uvicorn's logging")
     args = p.parse_args(argv)
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")

@@ -503,9 +503,11 @@ def _write_safetensors(sd: dict, path: Path, save_file):
 
 
 def cache_dir() -> Path:
+    """The one cache folder (random weights, tuned plans): ``$MEGAKERNEL_CACHE``, else
+    ``$XDG_CACHE_HOME/megakernel``, else ``~/.cache/megakernel``."""
     root = os.environ.get("MEGAKERNEL_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "megakernel")
-    return Path(root)
+    return Path(root).expanduser()
 
 
 def _folder_name(name: str) -> Path | None:
@@ -595,7 +597,8 @@ def resolve_checkpoint(name: str, allow_download: bool = True) -> Path:
     try:
         return Path(snapshot_download(repo, allow_patterns=patterns))
     except Exception as e:
-        why = " ".join(str(e).split())[:160] or type(e).__name__
+        # the cause whole: cut short it reads as a garbled word ("snapsh)")
+        why = " ".join(str(e).split()) or "no message"
         raise CheckpointError(f"{repo} is not in the local Hugging Face cache and could not be downloaded "
                               f"({type(e).__name__}: {why}): {how}") from None
 
