@@ -5,7 +5,8 @@ rejects (a variable whose type differs between the branches of an ``if``, say), 
 registers the persistent kernel needs. This compiles the megakernel and every per-op kernel with
 Triton's own compiler (bundled ``ptxas``) for an NVIDIA architecture, with the exact arguments a
 real step passes (recorded from the backends on ``meta`` tensors, so nothing is allocated), and
-reports registers and spills per kernel. It must run without ``TRITON_INTERPRET``; it re-executes
+reports registers, spills and how its dots lowered (Hopper's wgmma or mma.sync) per kernel. It must
+run without ``TRITON_INTERPRET``; it re-executes
 itself in a clean environment when that is set.
 """
 
@@ -101,7 +102,8 @@ def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=
             k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=target, options=opts)
             meta = k.metadata
             regs, stack = _resources(k)
-            row.update(ok=True, shared=meta.shared, num_warps=meta.num_warps, n_regs=regs, stack_bytes=stack)
+            row.update(ok=True, shared=meta.shared, num_warps=meta.num_warps, n_regs=regs, stack_bytes=stack,
+                       **_mma_kinds(k.asm.get("ttgir", "")))
         except Exception as e:
             lines = [l for l in str(e).splitlines() if l.strip()]
             chain, c = [], e              # Triton wraps the real error in one CompilationError per call frame
@@ -111,6 +113,14 @@ def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=
             row.update(ok=False, error=" | ".join(lines[-4:])[:600], detail="\n".join(chain))
         report.append(row)
     return report
+
+
+def _mma_kinds(ttgir: str) -> dict:
+    """How the kernel's dots lowered, from its TTGIR: ``wgmma`` Hopper's warp-group MMAs
+    (``ttng.warp_group_dot``, where the dot's M is a multiple of 64), ``mma_sync`` the dots left on
+    the older warp-level MMA (``tt.dot`` on an ``nvidia_mma`` layout)."""
+    import re
+    return {"wgmma": len(re.findall(r"ttng\.warp_group_dot ", ttgir)), "mma_sync": len(re.findall(r"= tt\.dot ", ttgir))}
 
 
 def _resources(k):
@@ -222,7 +232,7 @@ def main(argv=None):
         for r in report:
             if r["ok"]:
                 print(f"{r['kernel']:<16} ok    warps {r['num_warps']}  shared {r['shared']}  regs {r['n_regs']}  "
-                      f"stack {r['stack_bytes']}")
+                      f"stack {r['stack_bytes']}  dots: wgmma {r['wgmma']}, mma.sync {r['mma_sync']}")
             else:
                 print(f"{r['kernel']:<16} FAIL  {r['error']}")
                 if args.verbose:

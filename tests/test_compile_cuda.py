@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("batch", [1, 4, 16])   # batch 1; float32 batched tiles; tensor-core tiles
+@pytest.mark.parametrize("batch", [1, 4, 16])   # batch 1; the weights-on-M tile at two batch paddings
 def test_all_kernels_compile_for_sm90(batch):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(DEVICE="cuda", PYTHONPATH=str(REPO))
@@ -28,3 +28,12 @@ def test_all_kernels_compile_for_sm90(batch):
     assert {"megakernel", "qkv_kernel", "attn_kernel", "oproj_kernel", "gateup_kernel", "lmhead_kernel",
             "argmax_kernel", "embed_kernel"} <= names
     assert r.returncode == 0
+    rows = {row["kernel"]: row for row in report}
+    gemv = ("qkv_kernel", "oproj_kernel", "gateup_kernel", "down_kernel", "lmhead_kernel")
+    if batch > 1:
+        # the batched projections are on Hopper's wgmma (instructions.wgmma): every weight dot, none left
+        # on mma.sync; in the persistent kernel only attention's dots are mma.sync
+        for name in gemv:
+            assert rows[name]["wgmma"] >= 1 and rows[name]["mma_sync"] == 0, rows[name]
+        assert rows["megakernel"]["wgmma"] >= sum(rows[n]["wgmma"] for n in gemv)     # (+ the TP partials)
+        assert rows["megakernel"]["mma_sync"] == rows["attn_kernel"]["mma_sync"]
