@@ -122,8 +122,17 @@ def _rescale_pool(plan: Plan, op: Op, workers: int) -> Plan:
 def check_plan(plan: Plan, num_warps: int = 4) -> str | None:
     """Why the kernels cannot run ``plan`` (None: they can). The tape validator checks the rest."""
     budget = MAX_TILE_BUDGETS * TILE_ELEMS * num_warps // 4
+    if plan.BATCHED == 2:
+        for name, K in (("SK_QKV", plan.H), ("SK_O", plan.HQ * plan.D), ("SK_GU", plan.H), ("SK_DOWN", plan.I)):
+            sk = getattr(plan, name)
+            if not (_pow2(sk) and K % sk == 0 and (K // sk) % 128 == 0 or sk == 1):
+                return f"{name}={sk}: K-splits are a power of two over whole 128-column chunks"
+        if not (_pow2(plan.R_QKV) and plan.D % plan.R_QKV == 0):
+            return f"R_QKV={plan.R_QKV}: a QKV tile is a power of two of rows dividing the head dim"
     for name, (bk, op) in ROWS.items():
         r = getattr(plan, name)
+        if plan.BATCHED == 2:
+            continue        # (the rest is checked where the plan is made: Plan.__post_init__)
         if plan.BATCHED:
             if name == "R_QKV" and not (_pow2(r) and plan.D % r == 0 and BATCH_MIN_ROWS <= r <= BATCH_MAX_ROWS):
                 return f"R_QKV={r}: a batched QKV tile is a power of two of 16 to 128 rows dividing the head dim"
@@ -171,7 +180,19 @@ def moves(base: Plan, cand: Candidate, workers: int, cuda: bool) -> list[Candida
     for v in (p.NSPLIT * 2, p.NSPLIT // 2):
         if v >= 1 and (v <= 2 or v * p.B * p.HKV <= 2 * workers):
             add(replace(p, NSPLIT=v, ATTN_NEW=p.ATTN_NEW if v >= 2 else 0))
+    if p.BATCHED == 2:
+        # the weights-on-M tile: K-splits, and the rows of the stages whose blocks write no xss
+        for name in ("SK_GU", "SK_DOWN", "SK_O", "SK_QKV"):
+            for v in (getattr(p, name) * 2, getattr(p, name) // 2):
+                if v >= 1:
+                    add(replace(p, **{name: v}))
+        for name in ("R_GU", "R_LM", "R_QKV"):
+            for v in (getattr(p, name) * 2, getattr(p, name) // 2):
+                if 8 <= v <= 128:
+                    add(replace(p, **{name: v}))
     for name in ("R_GU", "R_DOWN", "R_O", "R_QKV", "R_LM"):
+        if p.BATCHED == 2:
+            break
         r = getattr(p, name)
         # a batched tile's rows stay a multiple of 8 (``check_plan``)
         for v in (r * 2, r // 2 // 8 * 8 if p.BATCHED and name != "R_QKV" else r // 2):
@@ -193,7 +214,7 @@ def moves(base: Plan, cand: Candidate, workers: int, cuda: bool) -> list[Candida
             add(replace(p, KV_STAGES=v))
     if p.NSPLIT >= 2:
         add(replace(p, ATTN_NEW=1 - p.ATTN_NEW))
-    if p.BATCHED:       # last: one bf16 MMA measured slower than the split input on an H100
+    if p.BATCHED:       # last: one bf16 MMA measured slower on the batch-on-M tile (H100); untimed on the other
         add(replace(p, BATCH_INPUT=1 - p.BATCH_INPUT))
     seen, result = {cand}, []
     for plan, strategy, wps in out:

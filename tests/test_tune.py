@@ -214,6 +214,9 @@ def test_every_move_is_checked_or_named():
         assert 10 <= len(cands) <= 40 and len(set(cands)) == len(cands)
         assert Candidate((), "balanced", 1) in cands
         assert any(c.overrides.get("BATCH_INPUT") == 1 for c in cands) == bool(base.BATCHED)
+        # the weights-on-M tile's K-splits are searched, its O and down blocks stay 64 rows
+        assert any("SK_DOWN" in c.overrides for c in cands) == (base.BATCHED == 2)
+        assert not any("R_O" in c.overrides or "R_DOWN" in c.overrides for c in cands if base.BATCHED == 2)
         valid = 0
         for c in cands[:6]:
             if c.workers_per_sm:
