@@ -62,7 +62,14 @@ def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = N
                      tp=getattr(mk, "tp", 1), fp8=fp8)
     choice = getattr(mk, "plan_choice", None)
     tuned = choice.entry.fields if choice is not None and choice.entry is not None else {}
-    plan = dataclasses.replace(plan, **{**tuned, **(overrides or {})})
+    if tuned:
+        try:
+            plan = dataclasses.replace(plan, **tuned)
+        except ValueError as e:     # tuned by a version whose tiles took other sizes
+            import sys
+            print(f"warning: the cached tuned plan does not fit this version's tiles ({e}); using the rules' "
+                  f"plan (python -m megakernel.tune makes a new one)", file=sys.stderr)
+    plan = dataclasses.replace(plan, **(overrides or {}))
     # the tiles read the weights' format from their pointers; the plan's byte costs must assume the
     # same one (checked here, on the host: triton-ascend cannot fold a dtype test in the kernel)
     if bool(plan.FP8) != fp8:
