@@ -112,3 +112,18 @@ def test_layers_import_downhill(package, forbidden):
            if m.split(".")[0] in forbidden
            and not (p == REPO / "models/qwen3/prefill_kernels.py" and m.split(".")[0] == "triton")]
     assert not bad, bad
+
+
+def test_no_import_circle_in_models():
+    """Within models/qwen3 no two modules import each other, lazily or not (the TP shard is handed
+    to the weights' loaders, which call its methods instead of importing models/qwen3/tp.py)."""
+    pkg = REPO / "models" / "qwen3"
+    deps = {}
+    for p in pkg.glob("*.py"):
+        mods = set()
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                mods |= {node.module} if node.module else {a.name for a in node.names}
+        deps[p.stem] = mods
+    circles = sorted((a, b) for a in deps for b in deps[a] if a < b and a in deps.get(b, ()))
+    assert not circles, circles

@@ -29,6 +29,7 @@ import torch
 
 from . import fp8
 from .config import Qwen3Config
+from .weights import Qwen3Weights, _put_fp8, proj_parts, random_weights
 
 TP_DEGREES = (1, 2, 4, 8)
 
@@ -144,6 +145,18 @@ class TPShard:
     def describe(self) -> str:
         return f"rank {self.rank} of {self.tp}"
 
+    # What ``weights``' loaders ask of the shard they are given (so that module needs no import of
+    # this one, which imports it)
+    def check_fp8(self) -> None:
+        """An FP8 model splits along whole scale blocks (``check_tp_fp8``)."""
+        check_tp_fp8(self.full, self.tp)
+
+    def random(self, seed: int = 0, dtype=torch.float32, device="cpu", quantize: str | None = None):
+        return random_shard(self, seed, dtype, device, quantize)
+
+    def cut(self, w):
+        return shard_weights(self, w)
+
 
 def random_shard(shard: TPShard, seed: int = 0, dtype=torch.float32, device="cpu", quantize: str | None = None):
     """``weights.random_weights`` of the full model, cut to ``shard``'s share as it is generated:
@@ -152,8 +165,6 @@ def random_shard(shard: TPShard, seed: int = 0, dtype=torch.float32, device="cpu
     ``quantize="fp8"`` the rank's projection parts are quantized as ``random_weights`` quantizes
     the whole ones: its scale blocks are whole blocks of the full model's (``check_tp_fp8``), so
     the values and scales are the one-GPU run's, cut apart."""
-    from .weights import Qwen3Weights, _put_fp8, proj_parts, random_weights
-
     if shard.tp == 1:
         return random_weights(shard.full, seed=seed, dtype=dtype, device=device, quantize=quantize)
     if quantize:
@@ -182,8 +193,6 @@ def random_shard(shard: TPShard, seed: int = 0, dtype=torch.float32, device="cpu
 def shard_weights(shard: TPShard, w):
     """A rank's share of full ``Qwen3Weights`` ``w`` (copies; a tied head stays tied; FP8
     projections with their scale grids)."""
-    from .weights import Qwen3Weights
-
     parts = {}
     for name, t in w.tensors().items():
         if name == "lm_head" and w.tied:

@@ -427,8 +427,7 @@ def load_checkpoint(folder: str | Path, dtype=torch.float32, device="cpu", cfg: 
         quantize = "fp8"
     if shard is not None:
         if quantize:
-            from .tp import check_tp_fp8
-            check_tp_fp8(cfg, shard.tp)
+            shard.check_fp8()
         cfg = shard.config
     cut = shard.take if shard is not None else (lambda name, t: t)
     w = Qwen3Weights.empty(cfg, dtype, device, quantize)
@@ -665,8 +664,7 @@ def load_random(cfg: Qwen3Config, seed: int, dtype, device, label: str, progress
     params = cfg.num_parameters()
     if params > 2_000_000_000:
         if shard is not None:
-            from .tp import random_shard
-            return random_shard(shard, seed=seed, dtype=dtype, device=device, quantize=quantize)
+            return shard.random(seed=seed, dtype=dtype, device=device, quantize=quantize)
         return random_weights(cfg, seed=seed, dtype=dtype, device=device, quantize=quantize)
     key = hashlib.sha1(json.dumps([cfg.to_dict(), seed], sort_keys=True).encode()).hexdigest()[:12]
     folder = cache_dir() / "random" / f"{label}-seed{seed}-{key}"
@@ -693,10 +691,9 @@ def load_random(cfg: Qwen3Config, seed: int, dtype, device, label: str, progress
         print(f"(not caching random weights: {e})", file=sys.stderr)
         w = w.to(dtype=disk_dtype).to(dtype=dtype)
         if shard is not None:
-            from .tp import check_tp_fp8, shard_weights
             if quantize:
-                check_tp_fp8(cfg, shard.tp)
-            w, cfg = shard_weights(shard, w), shard.config
+                shard.check_fp8()
+            w, cfg = shard.cut(w), shard.config
         w = w.to(device=device)
         return _quantized(cfg, w) if quantize else w
     except BaseException:
