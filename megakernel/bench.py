@@ -774,13 +774,14 @@ def bench(args) -> dict:
     writer = rank == 0      # with --tp, rank 0 alone prints rows and writes files
 
     def emit(row):
-        """A finished row: its ratios to the rows before it, then printed and recorded at once."""
+        """A finished row: its ratios to the rows before it, then recorded and printed at once
+        (recorded first: a row that was printed is in --record whenever a Ctrl-C comes after it)."""
         _finish_row(row, result["results"])
+        if writer and args.record:
+            table.append_rows(args.record, [{**run, **row}])
         result["results"].append(row)
         if writer:
             print_row(row, first=len(result["results"]) == 1)
-            if args.record:
-                table.append_rows(args.record, [{**run, **row}])
 
     try:
         print_card(result, model)
