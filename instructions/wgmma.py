@@ -8,14 +8,13 @@ Hopper linear task and of the small-M fused-MoE kernels in SGLang and vLLM.
 
 A stage has cdiv(N, R) row blocks and SK K-splits each (plan fields ``R_*`` and ``SK_*``); tile t
 is row block t // SK over K columns [(t % SK) K / SK, (t % SK + 1) K / SK), so a stage with fewer
-row blocks than workers still keeps every worker streaming. Each split stores its partial sums
-(and, where the input is RMS-normalised, its partial sums of squares) in ``kpart`` and takes a
-ticket on its row block; the split that takes the last ticket adds the SK partials in split order
+row blocks than workers still keeps every worker streaming. Each split stores its partial sums in
+``kpart`` and takes a ticket on its row block; the split that takes the last ticket adds the SK partials in split order
 (so the sum does not depend on which split finished last) and runs the epilogue. The ticket words
 only grow: a row block's tickets of one use are those past the last multiple of SK.
 
 RMS-normalised inputs (QKV, gate/up, the LM head) are not normalised here. The stage that writes x
-(EMBED, and the O and down tiles' residual epilogue, ``xs_out``) also writes x times the next norm
+(EMBED, and the O and down tiles' residual epilogue, XOUT) also writes x times the next norm
 weight as a bf16 head and a bf16 remainder (``xs``, [2, B, H]) and the sums of squares of x over
 each SS_ROWS columns (``xss``, [cdiv(H, SS_ROWS), B]). The tile then loads its MMA operands
 straight from memory, so Triton's pipeliner stages them into shared memory beside the weights and
@@ -31,7 +30,7 @@ kernel agree bitwise.
 import triton
 import triton.language as tl
 
-from .common import ARGMAX, GATEUP, RELAXED, RESIDUAL, argmax_key, e4m3_bf16, round_bf16, wait_counter
+from .common import ARGMAX, GATEUP, RELAXED, RESIDUAL, argmax_key, e4m3_bf16, round_bf16, sum_pairs, wait_counter
 
 # A program's pipeline: its stages (each a chunk of weights and of input; Triton's pipeliner keeps
 # up to num_stages buffers of each in shared memory) within this many bytes, 2 to MAX_STAGES of them,
@@ -39,20 +38,14 @@ from .common import ARGMAX, GATEUP, RELAXED, RESIDUAL, argmax_key, e4m3_bf16, ro
 SWAP_SMEM: tl.constexpr = tl.constexpr(81920)
 MAX_STAGES: tl.constexpr = tl.constexpr(5)
 KC_SWAP: tl.constexpr = tl.constexpr(128)      # K columns a chunk: one FP8 scale block
-SS_ROWS: tl.constexpr = tl.constexpr(64)
-       # x's columns a partial sum of squares covers (``xss``)
+SS_ROWS: tl.constexpr = tl.constexpr(64)       # x's columns a partial sum of squares covers (``xss``)
 
 
 @triton.jit
 def tree_sum(q):
-    """The sums over the last axis of a 2-D block (a power of two wide) as [rows], by a pairwise tree:
-    columns 2i and 2i + 1 are added, then those sums in pairs, and so on, so the result does not
-    depend on the register layout the compiler picks (a tl.sum adds in the layout's order)."""
-    for _ in tl.static_range(12):
-        if q.shape[1] > 1:
-            a, b = tl.split(tl.reshape(q, [q.shape[0], q.shape[1] // 2, 2]))
-            q = a + b
-    return tl.reshape(q, [q.shape[0]])
+    """The sums over the last axis of a 2-D block (a power of two wide) as [rows], by
+    ``common.sum_pairs``' pairwise tree (the same bits in any register layout)."""
+    return tl.reshape(sum_pairs(tl.reshape(q, [1, q.shape[0], q.shape[1]])), [q.shape[0]])
 
 
 @triton.jit
