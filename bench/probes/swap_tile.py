@@ -1,5 +1,9 @@
 """How fast does the swapped batched tile (instructions/wgmma.py) stream a projection's weights?
 
+(docs/performance.md's table came from this probe's first version, whose tile normalised its float32
+input itself; the tile now reads the normalised input as the x-writing stages leave it, built here
+by ``norm_input``.)
+
 Each projection of an 8b layer (QKV, O, gate/up, down; or another size's with ``--model``) as a
 per-op launch of ``swap_tiles``, one program a tile, for batches 1-64, rows per tile 64 or 128 and
 K-splits 1-8, beside cuBLAS (torch's bf16 matmul of the bf16 input): microseconds a projection and
@@ -24,12 +28,22 @@ from models.qwen3.weights import shapes_for  # noqa: E402
 
 
 @triton.jit
-def swap_kernel(w_ptr, w2_ptr, in_ptr, nw_ptr, eps, out_ptr, kpart_ptr, tick_ptr, B: tl.constexpr, N: tl.constexpr,
+def swap_kernel(w_ptr, w2_ptr, in_ptr, xss_ptr, eps, out_ptr, kpart_ptr, tick_ptr, B: tl.constexpr, N: tl.constexpr,
                 K: tl.constexpr, R: tl.constexpr, SK: tl.constexpr, NORM: tl.constexpr, TWO: tl.constexpr,
                 EPI: tl.constexpr):
     pid = tl.program_id(0)
-    swap_tiles(pid, pid + 1, w_ptr, w2_ptr, w_ptr, w_ptr, in_ptr, nw_ptr, eps, out_ptr, out_ptr, kpart_ptr, tick_ptr,
-               tick_ptr, 0, B, N, K, R, SK, 128, NORM, TWO, EPI, False, 0, False)
+    swap_tiles(pid, pid + 1, w_ptr, w2_ptr, w_ptr, w_ptr, in_ptr, xss_ptr, eps, out_ptr, out_ptr, kpart_ptr, tick_ptr,
+               out_ptr, out_ptr, tick_ptr, 0, B, N, K, R, SK, 128, NORM, TWO, EPI, False, False, 0, False)
+
+
+def norm_input(x, nw):
+    """A normalised stage's input as the x-writing stages leave it (``instructions.wgmma``): x times
+    the norm weight as a bf16 head and remainder [2, B, K], and x's sums of squares a 64 columns."""
+    y = x * nw.float()
+    hi = y.bfloat16()
+    xs = torch.stack([hi, (y - hi.float()).bfloat16()])
+    xss = (x * x).view(x.shape[0], -1, 64).sum(-1).T.contiguous()
+    return xs, xss
 
 
 def graph_us(fn, reps=20):
@@ -75,16 +89,15 @@ def main():
             w = torch.randn(N, K, device=dev).bfloat16() * 0.05
             w2 = torch.randn(N, K, device=dev).bfloat16() * 0.05
             x = torch.randn(B, K, device=dev)
-            if not NORM:
-                x = x.bfloat16()
             nw = (1 + 0.1 * torch.randn(K, device=dev)).bfloat16()
+            xin, xss = norm_input(x, nw) if NORM else (x.bfloat16(), x)
             out = torch.randn(B, N, device=dev)
             out0 = out.clone()
             nrb = -(-N // R)
             kpart = torch.zeros(SK * B * 2 * N + nrb * SK * B + 1, device=dev)
             tick = torch.zeros(nrb, dtype=torch.int32, device=dev)
-            swap_kernel[(nrb * SK,)](w, w2, x, nw, 1e-6, out, kpart, tick, B, N, K, R, SK, NORM, TWO, EPI)
-            h = x.double()
+            swap_kernel[(nrb * SK,)](w, w2, xin, xss, 1e-6, out, kpart, tick, B, N, K, R, SK, NORM, TWO, EPI)
+            h = (x if NORM else xin).double()
             if NORM:
                 h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.double()
             ref = h @ w.double().T
@@ -106,8 +119,7 @@ def main():
         wbytes = N * K * 2 * (2 if TWO else 1)
         for B in [int(b) for b in args.batches.split(",")]:
             x = torch.randn(B, K, device=dev)
-            if not NORM:
-                x = x.bfloat16()
+            xin, xss = norm_input(x, nw) if NORM else (x.bfloat16(), x)
             out = torch.zeros(B, N, device=dev)
             xb = x.bfloat16()
             wt = [torch.cat([a, b]) if TWO else a for a, b in zip(ws, w2s)]
@@ -124,8 +136,8 @@ def main():
 
                     def run():
                         for w, w2 in zip(ws, w2s):
-                            swap_kernel[(nrb * SK,)](w, w2, x, nw, 1e-6, out, kpart, tick, B, N, K, R, SK, NORM, TWO,
-                                                     EPI)
+                            swap_kernel[(nrb * SK,)](w, w2, xin, xss, 1e-6, out, kpart, tick, B, N, K, R, SK, NORM,
+                                                     TWO, EPI)
                     try:
                         us = graph_us(run)
                     except Exception as e:      # a configuration that does not compile or fit
