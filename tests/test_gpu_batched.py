@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("size", ["0.6b", "8b"])
-@pytest.mark.parametrize("batch", [1, 4, 8, 16, 64])
+@pytest.mark.parametrize("batch", [1, 4, 8, 16, 32, 64])
 def test_kernel_backends_agree(size, batch):
     model = _model(size)
     prompt = _prompt(model.config.vocab_size, (batch, 32))
