@@ -80,17 +80,20 @@ def test_fp8_top1_agrees_with_float32_on_the_dequantized_weights(size, scheme, s
     assert agree(ours, ref, clear) >= (0.99 if scheme == "none" else W8A8_CLEAR_AGREE)
 
 
-# w8a8 against bf16 on the same weights: measured on an H100 (docs/performance.md, "w8a8")
+# w8a8 against the float32 reference and the bf16 model of the same weights (docs/performance.md,
+# "w8a8"): on an H200, 0.6b's logits are 0.164 (weight-only) and 0.186 (w8a8) from bf16's, relative;
+# random weights quantized to e4m3 move the logits that much already
 W8A8_CLEAR_AGREE = 0.95
-W8A8_REL_ERR = 0.08
+W8A8_OVER_WEIGHT_ONLY = 1.3
 
 
 @torch.no_grad()
 @pytest.mark.parametrize("size", ["0.6b", "8b"])
 def test_w8a8_logits_against_the_bf16_model(size, seed):
     """Teacher-forced logits of the FP8 model (quantized on load from the bf16 random weights), w8a8
-    and weight-only, against the bf16 model itself (the megakernel's): w8a8's relative error within
-    W8A8_REL_ERR and at most three times weight-only's."""
+    and weight-only, against the bf16 model itself (the megakernel's): w8a8's relative error at most
+    W8A8_OVER_WEIGHT_ONLY times weight-only's (the activations' rounding adds that little to the
+    weights')."""
     from megakernel import load_model
     model = _fp8_model(size)
     bf16 = load_model(size, random_weights=True, device="cuda", dtype=torch.bfloat16, progress=False)
@@ -100,7 +103,7 @@ def test_w8a8_logits_against_the_bf16_model(size, seed):
     del bf16
     err = {s: rel_err(teacher_forced(model, ids, "megakernel", fp8_activations=s), want) for s in ("none", "dynamic")}
     print(f"{size}: logits' relative error against bf16: weight-only {err['none']:.4f}, w8a8 {err['dynamic']:.4f}")
-    assert err["dynamic"] < W8A8_REL_ERR and err["dynamic"] < 3 * err["none"]
+    assert err["dynamic"] < W8A8_OVER_WEIGHT_ONLY * err["none"]
 
 
 @torch.no_grad()
