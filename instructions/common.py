@@ -347,7 +347,6 @@ BT_BF16: tl.constexpr = tl.constexpr(2)
 BT_SWAP: tl.constexpr = tl.constexpr(3)
 BT_SWAP_BF16: tl.constexpr = tl.constexpr(4)
 BT_SWAP_FP8: tl.constexpr = tl.constexpr(5)
-BT_L2_PREFETCH: tl.constexpr = tl.constexpr(8)     # added to a weights-on-M kind: prefetch into L2
 
 
 @triton.jit

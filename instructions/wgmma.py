@@ -38,8 +38,7 @@ persistent kernel agree bitwise.
 import triton
 import triton.language as tl
 
-from .common import (ARGMAX, BT_L2_PREFETCH, GATEUP, RELAXED, RESIDUAL, argmax_key, e4m3_bf16, round_bf16, sum_pairs,
-                     wait_counter)
+from .common import ARGMAX, GATEUP, RELAXED, RESIDUAL, argmax_key, e4m3_bf16, round_bf16, sum_pairs, wait_counter
 
 # the tile's input contracts (``XIN``; the plan's BATCH_INPUT, module doc)
 XIN_SPLIT: tl.constexpr = tl.constexpr(0)
@@ -119,23 +118,6 @@ def load_rstd(xss_ptr, eps, B: tl.constexpr, H: tl.constexpr, BP: tl.constexpr):
     p = tl.load(xss_ptr + j[None, :] * B + b[:, None], mask=(j[None, :] < NSS) & (b[:, None] < B), other=0.0,
                 cache_modifier=".cg")
     return 1.0 / tl.sqrt(tree_sum(p) / H + eps)
-
-
-@triton.jit
-def prefetch_l2(w_ptr, row0, R: tl.constexpr, N: tl.constexpr, K: tl.constexpr, k0, KSPAN: tl.constexpr,
-                BM: tl.constexpr):
-    """Ask for weight rows [row0, row0 + R) x columns [k0, k0 + KSPAN) into L2, one bulk prefetch a row
-    (Hopper's ``cp.async.bulk.prefetch.L2``: no registers, no shared memory, nothing waited on), so
-    that a tile issued before its wait finds its weights in L2 once its input is ready. Rows and
-    column spans are whole 16-byte runs (K and KSPAN are multiples of 16 elements)."""
-    r = row0 + tl.arange(0, BM)
-    ok = (tl.arange(0, BM) < R) & (r < N)
-    EB: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-    ptr = w_ptr + r.to(tl.int64) * K + k0
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
-        "=r,l,r,r", [ptr, ok.to(tl.int32), tl.full([BM], KSPAN * EB, tl.int32)], dtype=tl.int32, is_pure=False,
-        pack=1)
 
 
 @triton.jit
@@ -271,19 +253,15 @@ def _epilogue(acc, acc2, rows, row_end, rb, out_ptr, aux_ptr, xss_ptr, eps, nw2_
 def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out_ptr, aux_ptr, kpart_ptr, tick_ptr,
                nw2_ptr, xs_ptr, cnt_ptr, target, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                R: tl.constexpr, SK: tl.constexpr, SB: tl.constexpr, NORM: tl.constexpr, TWO: tl.constexpr,
-               EPI: tl.constexpr, XOUT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, MODE: tl.constexpr):
+               EPI: tl.constexpr, XOUT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, XIN: tl.constexpr):
     """Tiles [t0, t1) (module doc) of out[B, N] = X[B, K] @ W[N, K]^T with the epilogue EPI (STORE,
     RESIDUAL, ARGMAX, or GATEUP with W2 the up rows beside W's gate rows). With NORM, ``in_ptr`` is
     ``xs`` (x times the norm weight, a head and a remainder) and each sequence's sums are scaled by
     its 1/rms from ``xss``; else the input rows in_ptr[B, K]. XOUT: the epilogue also writes the new
     x's ``xs`` and ``xss`` (norm weight ``nw2``). FP8 weights come with their scales ``ws``
     (``ws2``: W2's), SB rows a scale row. ``kpart``: the split partials (``SK`` > 1), ``tick_ptr``:
-    this stage's ticket word per row block. ``MODE``: the input contract ``XIN`` (module doc; XIN_FP8
-    takes effect with FP8 weights, the others' inputs go in split), plus BT_L2_PREFETCH where the
-    tiles' weights are asked into L2 before the wait (``prefetch_l2``). Returns the wait's last
-    counter value."""
-    XIN: tl.constexpr = MODE % BT_L2_PREFETCH
-    PF: tl.constexpr = MODE >= BT_L2_PREFETCH
+    this stage's ticket word per row block. ``XIN``: the input contract (module doc; XIN_FP8 takes
+    effect with FP8 weights, the others' inputs go in split). Returns the wait's last counter value."""
     tl.static_assert(R <= 128, "a weights-on-M tile holds at most 128 rows")
     BM: tl.constexpr = 64 if R <= 64 else 128
     BP: tl.constexpr = 8 if B <= 8 else 16 if B <= 16 else 32 if B <= 32 else 64 if B <= 64 else 128
@@ -312,13 +290,6 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
     NT: tl.constexpr = 2 * N if TWO else N          # a partial's row: gate's N sums, then up's
     bb = tl.arange(0, BP)
     seen = target
-    if PF:
-        for t in range(t0, t1):
-            rb = t // SK
-            k_lo = (t - rb * SK) * KSPAN
-            prefetch_l2(w_ptr, rb * R, R, N, K, k_lo, KSPAN, BM)
-            if TWO:
-                prefetch_l2(w2_ptr, rb * R, R, N, K, k_lo, KSPAN, BM)
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
     for t in range(t0, t1):

@@ -10,7 +10,6 @@ All four run the same tile functions (``instructions/``) over the same scratch b
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 
@@ -61,10 +60,6 @@ def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = N
     fp8 = mk.weights.quantization == "fp8"
     plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk, num_warps=num_warps,
                      tp=getattr(mk, "tp", 1), fp8=fp8, w8a8=getattr(mk, "w8a8", False))
-    dev = mk.weights.device
-    if (plan.BATCHED == 2 and dev.type == "cuda" and torch.cuda.get_device_capability(dev) >= (9, 0)
-            and os.environ.get("MEGAKERNEL_L2_PREFETCH", "1") == "1"):
-        plan = dataclasses.replace(plan, L2_PREFETCH=1)     # Hopper's bulk L2 prefetch (instructions/wgmma.py)
     choice = getattr(mk, "plan_choice", None)
     tuned = choice.entry.fields if choice is not None and choice.entry is not None else {}
     if tuned:

@@ -137,9 +137,6 @@ class Plan:
     SK_O: int = 1
     SK_GU: int = 1
     SK_DOWN: int = 1
-    # 1: the weights-on-M tile asks for its tiles' weights into L2 before its wait (Hopper's bulk
-    # prefetch), so they stream while the stage before it ends; set where the device has it
-    L2_PREFETCH: int = 0
 
     def __post_init__(self):
         if self.BATCH_INPUT not in BATCH_INPUTS.values():
@@ -152,8 +149,6 @@ class Plan:
         for name in ("SK_QKV", "SK_O", "SK_GU", "SK_DOWN"):
             if getattr(self, name) != 1 and self.BATCHED != 2:
                 raise ValueError(f"{name}={getattr(self, name)}: K-splits are the weights-on-M tile's (BATCHED=2)")
-        if self.L2_PREFETCH not in (0, 1) or (self.L2_PREFETCH and self.BATCHED != 2):
-            raise ValueError(f"L2_PREFETCH={self.L2_PREFETCH}: 0, or 1 on the weights-on-M tile (BATCHED=2)")
         if self.BATCHED == 2:
             # O's and down's row blocks write x's sums of squares a block of SWAP_ROWS columns each
             for name in ("R_O", "R_DOWN"):
@@ -194,10 +189,9 @@ class Plan:
 
     @property
     def BT(self) -> int:
-        """The GEMV tiles' kind as the kernels dispatch on it (``instructions.tiles.gemv_tile``):
-        0 the register tiles, 1 + BATCH_INPUT the batch-on-M tile, 3 + BATCH_INPUT the weights-on-M
-        one, plus 8 where that one prefetches into L2 (one constant, so no kernel signature grows)."""
-        return 0 if not self.BATCHED else 2 * self.BATCHED - 1 + self.BATCH_INPUT + 8 * self.L2_PREFETCH
+        """The GEMV tiles' kind as the kernels dispatch on it (``instructions.common.gemv_tile``):
+        0 the register tiles, 1 + BATCH_INPUT the batch-on-M tile, 3 + BATCH_INPUT the weights-on-M one."""
+        return 0 if not self.BATCHED else 2 * self.BATCHED - 1 + self.BATCH_INPUT
 
     def constexprs(self) -> dict:
         return {**asdict(self), "NSPLIT_PAD": self.NSPLIT_PAD, "SCALE_ROWS": self.SCALE_ROWS, "BT": self.BT}
