@@ -340,11 +340,13 @@ def next_tile(t, t1, c, claims_ptr, claims_base, NT: tl.constexpr, POOL: tl.cons
 
 # The GEMV tiles' kind (``tiles.gemv_tile``'s BT, the plan's ``Plan.BT``): 0 the register tiles,
 # BT_SPLIT or BT_BF16 the batch-on-M tile (``batch_tiles``) with its input split or in bf16, and
-# BT_SWAP or BT_SWAP_BF16 the weights-on-M tile (``instructions.wgmma``).
+# BT_SWAP, BT_SWAP_BF16 or BT_SWAP_FP8 the weights-on-M tile (``instructions.wgmma``; its input
+# contract is BT - BT_SWAP, the plan's BATCH_INPUT).
 BT_SPLIT: tl.constexpr = tl.constexpr(1)
 BT_BF16: tl.constexpr = tl.constexpr(2)
 BT_SWAP: tl.constexpr = tl.constexpr(3)
 BT_SWAP_BF16: tl.constexpr = tl.constexpr(4)
+BT_SWAP_FP8: tl.constexpr = tl.constexpr(5)
 
 
 @triton.jit

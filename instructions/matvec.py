@@ -17,7 +17,7 @@ import triton.language as tl
 
 from scheduler.kinds import Op
 
-from .common import (ARGMAX, BT_BF16, BT_SWAP, BT_SWAP_BF16, GATEUP, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT,
+from .common import (ARGMAX, BT_BF16, BT_SWAP, GATEUP, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT,
                      T_WAITED, batch_tiles, claim, dot_rows2, load_nw, load_s, load_w, load_xn, next_tile, stamp,
                      wait_counter)
 from .kind import DeviceKind, split_rows, weight_rows
@@ -52,7 +52,7 @@ def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, wgus_ptr, postnorm_ptr, act_ptr, 
         gs_ptr, us_ptr = _gateup_scales(wgus_ptr, layer, H, I, SB)
         seen = swap_tiles(t0, t1, g_ptr, g_ptr + I * H, gs_ptr, us_ptr, xs_ptr, xss_ptr, eps, act_ptr, act_ptr,
                           kpart_ptr, kticks_ptr + TICK_GU * TICK_STRIDE, x_ptr, xs_ptr, cnt_ptr, target, B, I, H, R, SK,
-                          SB, True, True, GATEUP, False, WAIT, SPIN, BT == BT_SWAP_BF16)
+                          SB, True, True, GATEUP, False, WAIT, SPIN, BT - BT_SWAP)
     elif BT:
         seen = gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, wgus_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                             B, H, I, R, BK, SB, WAIT, SPIN, BT == BT_BF16)

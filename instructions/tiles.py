@@ -2,14 +2,15 @@
 
 - 0: the register tiles (``common.gemv_rows_tiles``; batch 1, and the per-sequence loop);
 - BT_SPLIT, BT_BF16: the batch-on-M tile (``common.batch_tiles``, mma.sync);
-- BT_SWAP, BT_SWAP_BF16: the weights-on-M tile (``instructions.wgmma``, wgmma on Hopper).
-The second of each pair feeds the MMA one bf16 input operand instead of a split one.
+- BT_SWAP, BT_SWAP_BF16, BT_SWAP_FP8: the weights-on-M tile (``instructions.wgmma``, wgmma on Hopper).
+The second of each feeds the MMA one bf16 input operand instead of a split one; the third, with FP8
+weights, e4m3 inputs (w8a8).
 """
 
 import triton
 import triton.language as tl
 
-from .common import BT_BF16, BT_SWAP, BT_SWAP_BF16, RESIDUAL, gemv_batch, gemv_rows_tiles
+from .common import BT_BF16, BT_SWAP, RESIDUAL, gemv_batch, gemv_rows_tiles
 from .wgmma import swap_tiles
 
 # The ticket words of the K-split stages (``kticks``): a row of TICK_STRIDE words for each of QKV,
@@ -42,7 +43,7 @@ def gemv_tile(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_
             x_in = in_ptr
         seen = swap_tiles(t0, t1, w_ptr, w_ptr, ws_ptr, ws_ptr, x_in, xss_ptr, eps, out_ptr, aux_ptr, kpart_ptr,
                           tick_ptr, nw2_ptr, xs_ptr, cnt_ptr, target, B, N, K, R, SK, SB, NORM, False, EPI,
-                          EPI == RESIDUAL, WAIT, SPIN, BT == BT_SWAP_BF16)
+                          EPI == RESIDUAL, WAIT, SPIN, BT - BT_SWAP)
     elif BT:
         seen = gemv_batch(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
                           B, N, K, R, BK, SB, NORM, EPI, WAIT, SPIN, BT == BT_BF16)

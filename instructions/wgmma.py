@@ -20,17 +20,31 @@ each SS_ROWS columns (``xss``, [cdiv(H, SS_ROWS), B]). The tile then loads its M
 straight from memory, so Triton's pipeliner stages them into shared memory beside the weights and
 the wgmma reads them there; and it scales each sequence's sums by its 1/rms in the epilogue.
 
-Numerics: as ``common.mac_dot``'s contract. The float32 input (times the norm weight) goes in as a
-bf16 head and a bf16 remainder, two MMAs sharing the weight operand, so the sums keep about 16 bits
-of it (a 16-bit input, O's and down's, is exact in one); with XBF16 only the head, one MMA. Sums of
-squares are added by fixed pairwise trees (``tree_sum``), so the per-op kernels and the persistent
-kernel agree bitwise.
+Numerics: the input contract is the plan's BATCH_INPUT (``XIN`` here):
+- split (0): as ``common.mac_dot``'s contract. The float32 input (times the norm weight) goes in as
+  a bf16 head and a bf16 remainder, two MMAs sharing the weight operand, so the sums keep about 16
+  bits of it (a 16-bit input, O's and down's, is exact in one);
+- bf16 (1): only the head, one MMA;
+- fp8 (2), FP8 weights only (w8a8, the scheme Qwen's FP8 checkpoints declare): each sequence's input
+  is quantized to e4m3 per 128 columns, scale = amax / 448 (vLLM's per-token-group quantization),
+  and multiplied by the e4m3 weights on the FP8 tensor cores, both block scales applied per 128-
+  column chunk. A normalised input is quantized before its 1/rms, which scales every block alike
+  and is applied in the epilogue. The quantization runs in the consuming tile, on the chunk it has
+  just loaded, so no stage writes a second copy of its output.
+Sums of squares are added by fixed pairwise trees (``tree_sum``), so the per-op kernels and the
+persistent kernel agree bitwise.
 """
 
 import triton
 import triton.language as tl
 
 from .common import ARGMAX, GATEUP, RELAXED, RESIDUAL, argmax_key, e4m3_bf16, round_bf16, sum_pairs, wait_counter
+
+# the tile's input contracts (``XIN``; the plan's BATCH_INPUT, module doc)
+XIN_SPLIT: tl.constexpr = tl.constexpr(0)
+XIN_BF16: tl.constexpr = tl.constexpr(1)
+XIN_FP8: tl.constexpr = tl.constexpr(2)
+FP8_MAX: tl.constexpr = tl.constexpr(448.0)     # the largest finite e4m3 value
 
 # A program's pipeline: its stages (each a chunk of weights and of input; Triton's pipeliner keeps
 # up to num_stages buffers of each in shared memory) within this many bytes, 2 to MAX_STAGES of them,
@@ -46,6 +60,35 @@ def tree_sum(q):
     """The sums over the last axis of a 2-D block (a power of two wide) as [rows], by
     ``common.sum_pairs``' pairwise tree (the same bits in any register layout)."""
     return tl.reshape(sum_pairs(tl.reshape(q, [1, q.shape[0], q.shape[1]])), [q.shape[0]])
+
+
+@triton.jit
+def round_e4m3(v):
+    """float32 v (|v| <= 448) rounded to the nearest e4m3 value (ties to even, as the GPU's
+    conversion), as float32, by float32 arithmetic: Triton's interpreter does not carry a rounded
+    mantissa into the exponent in ``.to(tl.float8e4nv)``. e4m3 keeps 3 mantissa bits down to 2^-6,
+    then steps of 2^-9."""
+    e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    e = tl.maximum(e, -6)
+    quantum = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    MAGIC: tl.constexpr = 12582912.0          # 1.5 * 2^23: adding and taking it away rounds to an integer
+    r = (v / quantum + MAGIC) - MAGIC
+    return r * quantum
+
+
+@triton.jit
+def quantize_e4m3(y, EXACT: tl.constexpr):
+    """Each row of float32 y [BP, 128] as e4m3 with one scale: (q, scale [BP]), y ~ q * scale.
+    scale = max(amax, 1e-10) / 448 (vLLM's per-token-group quantization); with EXACT q stays
+    float32 (``round_e4m3``), else it is tl.float8e4nv for the FP8 tensor cores."""
+    amax = tl.max(tl.abs(y), axis=1)
+    scale = tl.maximum(amax, 1e-10) / FP8_MAX
+    v = tl.clamp(y / scale[:, None], -FP8_MAX, FP8_MAX)
+    if EXACT:
+        q = round_e4m3(v)
+    else:
+        q = v.to(tl.float8e4nv)
+    return q, scale
 
 
 @triton.jit
@@ -78,12 +121,13 @@ def load_rstd(xss_ptr, eps, B: tl.constexpr, H: tl.constexpr, BP: tl.constexpr):
 
 
 @triton.jit
-def _load_w(w_ptr, row0, rows_ok, K: tl.constexpr, k0, BM: tl.constexpr, KC: tl.constexpr):
+def _load_w(w_ptr, row0, rows_ok, K: tl.constexpr, k0, BM: tl.constexpr, KC: tl.constexpr, RAW: tl.constexpr):
     """Weight rows [row0, row0 + BM) x columns [k0, k0 + KC) as [BM, KC] (masked rows and columns
-    read as 0); FP8 weights as [BM, KC / 4] int32 words of four e4m3 bytes (``common.e4m3_bf16``).
-    Read once a step: evicted first, so the activations keep the cache."""
+    read as 0); FP8 weights as e4m3 with RAW (w8a8 on the GPU), else as [BM, KC / 4] int32 words of
+    four e4m3 bytes (``common.e4m3_bf16``). Read once a step: evicted first, so the activations
+    keep the cache."""
     r = row0 + tl.arange(0, BM)
-    if w_ptr.dtype.element_ty == tl.float8e4nv:
+    if w_ptr.dtype.element_ty == tl.float8e4nv and not RAW:
         KW: tl.constexpr = K // 4
         i = k0 // 4 + tl.arange(0, KC // 4)
         w = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + r[:, None] * KW + i[None, :],
@@ -119,18 +163,38 @@ def _mac(acc, w, xh, xl, s, SPLIT: tl.constexpr, EXACT: tl.constexpr):
 
 
 @triton.jit
+def _mac_w8a8(acc, w, xq, sw, sx, EXACT: tl.constexpr):
+    """acc[BM, BP] += (W[BM, 128] @ xq[128, BP]) * sw[:, None] * sx[None, :]: e4m3 weights times e4m3
+    inputs on the FP8 tensor cores, each sum scaled by its weight row's and its sequence's block
+    scale. With EXACT (the CPU) the weights come as int32 words (made float32 exactly) and xq as
+    float32 values of e4m3, multiplied in float32."""
+    if EXACT:
+        wf = tl.reshape(e4m3_bf16(tl.reshape(w, [1, w.shape[0], w.shape[1]]), True), [w.shape[0], 4 * w.shape[1]])
+        part = tl.dot(wf, xq, input_precision="ieee")
+    else:
+        part = tl.dot(w, xq)
+    return acc + part * sw[:, None] * sx[None, :]
+
+
+@triton.jit
 def _chunk(acc, acc2, w, w2, in_ptr, ws_ptr, ws2_ptr, rows, rows_ok, bb, k0, k_lo, B: tl.constexpr, K: tl.constexpr,
            KSPAN: tl.constexpr, KC: tl.constexpr, SB: tl.constexpr, TWO: tl.constexpr, FP8: tl.constexpr,
-           SPLIT: tl.constexpr, EXACT: tl.constexpr, XBF16: tl.constexpr, XT: tl.constexpr):
+           SPLIT: tl.constexpr, EXACT: tl.constexpr, XBF16: tl.constexpr, XT: tl.constexpr, W8A8: tl.constexpr):
     """``swap_tiles``' sums (acc, and acc2 with TWO) plus one chunk: the weights ``w`` (``w2``) times
-    the input's columns [k0, k0 + KC) of this split (from k_lo), its head and with SPLIT remainder."""
+    the input's columns [k0, k0 + KC) of this split (from k_lo), its head and with SPLIT remainder;
+    with W8A8 that input quantized to e4m3 (``quantize_e4m3``, one scale a sequence: KC is 128)."""
     k = k0 + tl.arange(0, KC)
     xm = (bb[:, None] < B) & (k < k_lo + KSPAN)[None, :]
     xh = tl.load(in_ptr + bb[:, None] * K + k[None, :], mask=xm, other=0.0, cache_modifier=".cg")
     xl = xh
     if SPLIT:
         xl = tl.load(in_ptr + B * K + bb[:, None] * K + k[None, :], mask=xm, other=0.0, cache_modifier=".cg")
-    if EXACT:
+    if W8A8:
+        y = xh.to(tl.float32)
+        if SPLIT:
+            y += xl.to(tl.float32)
+        xq, sx = quantize_e4m3(y, EXACT)
+    elif EXACT:
         if XBF16:
             xh = round_bf16(xh)
     elif xh.dtype != XT:
@@ -143,9 +207,14 @@ def _chunk(acc, acc2, w, w2, in_ptr, ws_ptr, ws2_ptr, rows, rows_ok, bb, k0, k_l
         s = tl.load(ws_ptr + (rows // SB) * KB + k0 // 128, mask=rows_ok, other=0.0)
         if TWO:
             s2 = tl.load(ws2_ptr + (rows // SB) * KB + k0 // 128, mask=rows_ok, other=0.0)
-    acc = _mac(acc, w, tl.trans(xh), tl.trans(xl), s, SPLIT, EXACT)
-    if TWO:
-        acc2 = _mac(acc2, w2, tl.trans(xh), tl.trans(xl), s2, SPLIT, EXACT)
+    if W8A8:
+        acc = _mac_w8a8(acc, w, tl.trans(xq), s, sx, EXACT)
+        if TWO:
+            acc2 = _mac_w8a8(acc2, w2, tl.trans(xq), s2, sx, EXACT)
+    else:
+        acc = _mac(acc, w, tl.trans(xh), tl.trans(xl), s, SPLIT, EXACT)
+        if TWO:
+            acc2 = _mac(acc2, w2, tl.trans(xh), tl.trans(xl), s2, SPLIT, EXACT)
     return acc, acc2
 
 
@@ -184,14 +253,15 @@ def _epilogue(acc, acc2, rows, row_end, rb, out_ptr, aux_ptr, xss_ptr, eps, nw2_
 def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out_ptr, aux_ptr, kpart_ptr, tick_ptr,
                nw2_ptr, xs_ptr, cnt_ptr, target, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                R: tl.constexpr, SK: tl.constexpr, SB: tl.constexpr, NORM: tl.constexpr, TWO: tl.constexpr,
-               EPI: tl.constexpr, XOUT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, XBF16: tl.constexpr):
+               EPI: tl.constexpr, XOUT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, XIN: tl.constexpr):
     """Tiles [t0, t1) (module doc) of out[B, N] = X[B, K] @ W[N, K]^T with the epilogue EPI (STORE,
     RESIDUAL, ARGMAX, or GATEUP with W2 the up rows beside W's gate rows). With NORM, ``in_ptr`` is
     ``xs`` (x times the norm weight, a head and a remainder) and each sequence's sums are scaled by
     its 1/rms from ``xss``; else the input rows in_ptr[B, K]. XOUT: the epilogue also writes the new
     x's ``xs`` and ``xss`` (norm weight ``nw2``). FP8 weights come with their scales ``ws``
     (``ws2``: W2's), SB rows a scale row. ``kpart``: the split partials (``SK`` > 1), ``tick_ptr``:
-    this stage's ticket word per row block. Returns the wait's last counter value."""
+    this stage's ticket word per row block. ``XIN``: the input contract (module doc; XIN_FP8 takes
+    effect with FP8 weights, the others' inputs go in split). Returns the wait's last counter value."""
     tl.static_assert(R <= 128, "a weights-on-M tile holds at most 128 rows")
     BM: tl.constexpr = 64 if R <= 64 else 128
     BP: tl.constexpr = 8 if B <= 8 else 16 if B <= 16 else 32 if B <= 32 else 64 if B <= 64 else 128
@@ -200,6 +270,8 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
     FP8: tl.constexpr = w_ptr.dtype.element_ty == tl.float8e4nv
     # a float32 model (the CPU's) multiplies in float32
     EXACT: tl.constexpr = in_ptr.dtype.element_ty == tl.float32
+    W8A8: tl.constexpr = FP8 and XIN == XIN_FP8
+    XBF16: tl.constexpr = XIN == XIN_BF16
     # xs's remainder: a second MMA, unless XBF16 (a float32 model's xs is exact, its remainder 0)
     SPLIT: tl.constexpr = NORM and not XBF16 and not EXACT
     # the MMA's input type: the weights' (FP8 ones are made bf16)
@@ -209,7 +281,9 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
     # a stage's bytes a column: the weight chunk(s) and the input's head (and remainder)
     COL_BYTES: tl.constexpr = (2 if TWO else 1) * BM * WBYTES + (2 if SPLIT else 1) * BP * XBYTES
     # chunks of 128 columns, or of 64 where two of 128 would not fit (large batches)
-    KC: tl.constexpr = KC_SWAP if 2 * KC_SWAP * COL_BYTES <= SWAP_SMEM else KC_SWAP // 2
+    # (w8a8: always 128, one scale block of the input as of the weights)
+    KC: tl.constexpr = KC_SWAP if W8A8 or 2 * KC_SWAP * COL_BYTES <= SWAP_SMEM else KC_SWAP // 2
+    tl.static_assert(not W8A8 or SK == 1 or KSPAN % KC == 0, "w8a8 needs K-splits of whole 128-column blocks")
     STAGE_BYTES: tl.constexpr = KC * COL_BYTES
     FIT: tl.constexpr = SWAP_SMEM // STAGE_BYTES
     STAGES: tl.constexpr = 2 if FIT < 2 else MAX_STAGES if FIT > MAX_STAGES else FIT
@@ -229,12 +303,12 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
         acc2 = tl.zeros([BM, BP], dtype=tl.float32)
         k_lo = ks * KSPAN
         for k0 in tl.range(k_lo, k_lo + KSPAN, KC, num_stages=STAGES):
-            w = _load_w(w_ptr, rb * R, rows_ok, K, k0, BM, KC)
+            w = _load_w(w_ptr, rb * R, rows_ok, K, k0, BM, KC, W8A8 and not EXACT)
             w2 = w
             if TWO:
-                w2 = _load_w(w2_ptr, rb * R, rows_ok, K, k0, BM, KC)
+                w2 = _load_w(w2_ptr, rb * R, rows_ok, K, k0, BM, KC, W8A8 and not EXACT)
             acc, acc2 = _chunk(acc, acc2, w, w2, in_ptr, ws_ptr, ws2_ptr, rows, rows_ok, bb, k0, k_lo,
-                               B, K, KSPAN, KC, SB, TWO, FP8, SPLIT, EXACT, XBF16, XT)
+                               B, K, KSPAN, KC, SB, TWO, FP8, SPLIT, EXACT, XBF16, XT, W8A8)
         if SK == 1:
             _epilogue(acc, acc2, rows, row_end, rb, out_ptr, aux_ptr, xss_ptr, eps, nw2_ptr, xs_ptr, B, N, K, NORM,
                       EPI, XOUT)

@@ -139,7 +139,8 @@ class KernelRunner:
     def __init__(self, name, model, batch, args, plan="auto"):
         from . import MegaQwen3
         opts = {"trace": True} if name == "megakernel" and args.trace else {}
-        self.mk = MegaQwen3(model, max_seq_len=args.max_seq_len, batch_size=batch, backend=name, plan=plan, **opts)
+        self.mk = MegaQwen3(model, max_seq_len=args.max_seq_len, batch_size=batch, backend=name, plan=plan,
+                            fp8_activations=args.fp8_activations, **opts)
         self.plan = self.mk.plan_choice
         self.per_launch = min(args.steps_per_launch, self.mk.steps_per_launch)
 
@@ -533,6 +534,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="fp8: the linear projections in block FP8 (Qwen's -FP8 format), quantized on load, read by "
                         "the kernels' FP8 tiles; the floor counts their bytes. Peers outside the kernel backends "
                         "run 16-bit weights only, so the default comparison is then the kernel backends'")
+    p.add_argument("--fp8-activations", choices=("dynamic", "none"), default=None,
+                   help="FP8 weights: how the projections take their inputs: dynamic (w8a8: e4m3 per 128 values, quantized at run time, the scheme Qwen's FP8 checkpoints declare; the default) or none (weight-only FP8, 16-bit inputs)")
     p.add_argument("--compare", default=None, metavar="NAME[,NAME...]",
                    help=f"backends to run besides the megakernel, comma-separated, from: {', '.join(PEERS)}; "
                         f"default {DEFAULT_COMPARE['cuda']} on a GPU, {DEFAULT_COMPARE['cpu']} on the CPU, "
@@ -677,6 +680,14 @@ def _config_of(name):
     return cfg
 
 
+def _fp8_words(run: dict) -> str:
+    """The card's words for a run's FP8 scheme ("" for 16-bit weights)."""
+    if not run.get("quantization"):
+        return ""
+    return {"dynamic": ", fp8 projections, w8a8 (activations e4m3 per 128)",
+            "none": ", fp8 projections, weight-only"}.get(run.get("fp8_activations"), ", fp8 projections")
+
+
 def tiny_model(dev, dtype=None, quantize=None):
     """A 2-layer random Qwen3 of toy shapes: the bench's default on the CPU, where the kernels run
     through Triton's interpreter. Its timings say nothing about a GPU."""
@@ -756,15 +767,22 @@ def bench(args) -> dict:
                 and not args.prefill_only):
             raise UsageError(_cpu_refusal(args.model, model.config.num_parameters()))
     cfg = model.config
+    if args.fp8_activations and not model.quantization:
+        raise UsageError("--fp8-activations is for FP8 weights: add --quantize fp8 (or bench an -FP8 checkpoint)")
+    from .runtime import fp8_scheme
     from . import plans
     for B in args.batch_sizes if "tuned" in args.plans else ():     # a missing tuned plan: before any timing
         plans.choose("tuned", dev, cfg, model.dtype, B, args.max_seq_len, "megakernel", args.model, tp=args.tp,
-                     quant=model.weights.quantization)
+                     quant=plans.quant_name(model.weights.quantization,
+                                            fp8_scheme(model.weights.quantization, args.fp8_activations,
+                                                       args.tp) == "dynamic"))
     seed = args.seed if args.seed is not None else int(time.time())
     g = torch.Generator().manual_seed(seed)
     bw = copy_bandwidth_gbps(dev)
     run = {**table.run_header("megakernel.bench", args.argv), "device": _device_name(dev), "model": args.model, "weights": "random" if model.random_weights else str(model.checkpoint),
            "dtype": str(model.dtype).replace("torch.", ""), "quantization": model.quantization,
+           "fp8_activations": (fp8_scheme(model.quantization, args.fp8_activations, args.tp)
+                               if model.quantization else None),
            "copy_gbps": round(bw, 1) if bw else None,
            "prompt_seed": seed, "tp": args.tp}
     result = {**run, "batch_sizes": args.batch_sizes, "prompt_lens": args.prompt_lens,
@@ -925,7 +943,7 @@ def print_card(r, model):
     code = r["git_commit"] or "commit unknown (not a git checkout; MEGAKERNEL_GIT_COMMIT names it)"
     print(f"code        {code}{dirty}")
     print(f"model       {r['model']} ({r['weights']} weights, {model.config.num_parameters() / 1e6:,.1f}M "
-          f"parameters) {r['dtype']}{', fp8 projections' if r['quantization'] else ''}")
+          f"parameters) {r['dtype']}{_fp8_words(r)}")
     print(f"setting     batch {','.join(map(str, r['batch_sizes']))}; prompt {','.join(map(str, r['prompt_lens']))}; "
           f"{r['new_tokens']} new tokens; max_seq_len {r['max_seq_len']}; prompt seed {r['prompt_seed']}")
     print(f"plan        {', '.join(r['plans'])} (the kernels' tiles: rules, tuned by python -m megakernel.tune, "

@@ -105,6 +105,10 @@ def build_parser() -> cli.Parser:
     g.add_argument("--quantize", choices=("fp8",), default=None,
                    help="fp8: the linear projections in block FP8 (Qwen's -FP8 format), quantized on load; an FP8 "
                         "checkpoint is FP8 without it")
+    g.add_argument("--fp8-activations", choices=("dynamic", "none"), default=None,
+                   help="FP8 weights: how the projections take their inputs: dynamic (w8a8: e4m3 per 128 values, "
+                        "quantized at run time, the scheme Qwen's FP8 checkpoints declare; the default) or none "
+                        "(weight-only FP8, 16-bit inputs)")
     g.add_argument("--max-seq-len", type=cli.at_least(2), default=None,
                    help="KV-cache positions per sequence (default: the longest prompt + --max-new-tokens)")
     g.add_argument("--tp", type=tp_mod.parse_tp, default=1,
@@ -317,19 +321,25 @@ def run(args) -> dict:
 
     from . import plans
     # a missing tuned plan: now, before the load
-    plans.choose(args.plan, dev, here, dtype, B, max_seq_len, backend, args.model, tp=args.tp, quant=quantize)
+    if args.fp8_activations and not quantize:
+        raise UsageError("--fp8-activations is for FP8 weights: add --quantize fp8 (or load an -FP8 checkpoint)")
+    from .runtime import fp8_scheme
+    plans.choose(args.plan, dev, here, dtype, B, max_seq_len, backend, args.model, tp=args.tp,
+                 quant=plans.quant_name(quantize, fp8_scheme(quantize, args.fp8_activations, args.tp) == "dynamic"))
     t0 = time.perf_counter()
     rank = tp_mod.current().rank if args.tp > 1 else 0
     model = source.load(dev, dtype, progress=sys.stderr.isatty(), quantize=args.quantize, tp=args.tp, rank=rank)
     print(f"Loaded {args.model}: {cfg.num_parameters() / 1e6:,.1f} M parameters, {model.dtype}{fp8}, {dev}, "
           f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=B, backend=backend, plan=args.plan)
+    mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=B, backend=backend, plan=args.plan,
+                   fp8_activations=args.fp8_activations)
     mode = {"megakernel": "persistent kernel, counter waits", "superkernel": "persistent kernel, grid barriers",
             "per-op": "phase launches, one per stage"}.get(backend)
     lengths = f"{longest} tokens" if B == 1 else f"{B} prompts of {min(map(len, prompts))}-{longest} tokens"
     tp_note = f"; tensor parallel over {args.tp} ranks" if args.tp > 1 else ""
+    scheme = {"dynamic": "; FP8 w8a8 (activations e4m3 per 128)", "none": "; FP8 weight-only"}.get(mk.fp8_activations, "")
     print(f"Backend {backend}{f' ({mode})' if mode else ''}; plan: {mk.plan_choice.label}; prompt {lengths}; "
-          f"max_seq_len {max_seq_len}{tp_note}", file=sys.stderr)
+          f"max_seq_len {max_seq_len}{tp_note}{scheme}", file=sys.stderr)
     stops = set(stop_token_ids(model.checkpoint, cfg))
     seqs = [_Sequence(i, model.tokenizer, p, not args.chat, stops, n) for i, p in enumerate(prompts)]
     out = _Output(seqs, args.json)
@@ -340,7 +350,7 @@ def run(args) -> dict:
     out.end()
     summary = {"model": args.model, "backend": backend, "device": str(dev), "tp": args.tp,
                "dtype": str(model.dtype).removeprefix("torch."), "quantization": model.quantization,
-               "random_weights": model.random_weights,
+               "fp8_activations": mk.fp8_activations, "random_weights": model.random_weights,
                "batch_size": B, "max_seq_len": max_seq_len, **mk.plan_choice.record(),
                "sequences": [s.summary() for s in seqs]}
     summary.update(timings(t_start, out.times, B))

@@ -237,6 +237,12 @@ class Choice:
                                 if e else None)}
 
 
+def quant_name(quantization: str | None, w8a8: bool = False) -> str:
+    """A plan key's ``quant``: "fp8" for weight-only FP8, "fp8-w8a8" with FP8 activations (their
+    tiles differ), "" for 16-bit weights."""
+    return "" if not quantization else f"{quantization}-w8a8" if w8a8 else quantization
+
+
 def tune_command(key: Key, model: str = "MODEL") -> str:
     return f"python -m megakernel.tune --model {model} --batch-size {key.batch} --max-seq-len {key.context}"
 

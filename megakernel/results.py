@@ -4,7 +4,8 @@ headline table and the plots (``python -m bench.render``).
 
 Every row carries the run it came from (``run``, ``time``, ``command``, ``device``, ``versions``,
 ``git_commit``, ``git_dirty``), the setting (``model``, ``weights``, ``dtype``, ``quantization``
-(``fp8``: block-FP8 projections; absent or null: none), ``tp``: the GPUs the model is split over,
+(``fp8``: block-FP8 projections; absent or null: none), ``fp8_activations`` (``dynamic``: w8a8,
+``none``: weight-only; absent from FP8 rows recorded before w8a8, which ran weight-only), ``tp``: the GPUs the model is split over,
 absent from rows recorded before tensor parallelism, which ran on one; ``batch_size``,
 ``prompt_len``, ``new_tokens``, ``max_seq_len``) and the measurements (``ms_per_step``: the median
 decode step of the whole batch; ``prefill_ms``; ``pct_of_floor``; ...; ``error`` where the backend
@@ -37,7 +38,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_FIELDS = ("run", "time", "command", "device", "versions", "git_commit", "git_dirty", "model", "weights",
-              "dtype", "quantization", "copy_gbps", "prompt_seed", "tp", "partial")
+              "dtype", "quantization", "fp8_activations", "copy_gbps", "prompt_seed", "tp", "partial")
 CONFIG_FIELDS = ("batch_size", "prompt_len", "new_tokens", "max_seq_len")
 MEASURE_FIELDS = ("backend", "implementation", "ms_per_step", "ms_per_step_p10", "ms_per_step_p90", "tokens_per_s",
                   "ratio_to_batch1", "prefill_ms", "prompt_tokens_per_s", "ttft_ms", "floor_ms", "pct_of_floor",
@@ -202,9 +203,20 @@ def column(row: dict) -> str:
 
 
 def precision(row) -> str:
-    """A row's weights as the table and plots label them: its dtype, and ``fp8 weights`` where the
-    projections were block FP8 (rows recorded before FP8 existed have no quantization)."""
-    return f"{row['dtype']}, fp8 weights" if row.get("quantization") == "fp8" else str(row["dtype"])
+    """A row's weights as the table and plots label them: its dtype, and ``fp8 w8a8`` or ``fp8
+    weights`` (weight-only) where the projections were block FP8 (rows recorded before FP8 existed
+    have no quantization; before w8a8, no fp8_activations: they ran weight-only)."""
+    if row.get("quantization") != "fp8":
+        return str(row["dtype"])
+    return f"{row['dtype']}, fp8 w8a8" if row.get("fp8_activations") == "dynamic" else f"{row['dtype']}, fp8 weights"
+
+
+def fp8_scheme(row) -> str:
+    """A row's weights' scheme: "16-bit", FP8 "weight-only" (and every FP8 row from before w8a8),
+    or "w8a8" (FP8 activations too)."""
+    if row.get("quantization") != "fp8":
+        return "16-bit"
+    return "w8a8" if row.get("fp8_activations") == "dynamic" else "weight-only"
 
 
 def headline(rows: list[dict], include_cpu: bool = False) -> list[dict]:
@@ -466,23 +478,31 @@ def questions_markdown(rows: list[dict], plots: str | Path, rel_to: str | Path, 
         plot_series(series, "prompt length", "prefill ms", "prefill, batch 1", path)
         out += ["", f"Plot: {_plot_link(path, rel_to)}"]
 
-    mk = {(r["device"], r["model"], r["batch_size"], r.get("quantization") == "fp8"): r for r in dec
+    mk = {(r["device"], r["model"], r["batch_size"], fp8_scheme(r)): r for r in dec
           if r["backend"] == "megakernel" and _tp(r) == 1 and r.get("plan") != "tuned"}
-    keys = sorted({k[:3] for k in mk if k[3] and k[:3] + (False,) in mk}, key=lambda k: (k[0], _model_key(k[1]), k[2]))
-    out += ["", "**What does FP8 buy?** megakernel ms per step, block-FP8 projections against 16-bit weights:", ""]
-    body = [[f"{m} on {short_device(d)}", str(b), _fmt(mk[(d, m, b, False)]["ms_per_step"]),
-             _fmt(mk[(d, m, b, True)]["ms_per_step"]),
-             _fmt(mk[(d, m, b, False)]["ms_per_step"] / mk[(d, m, b, True)]["ms_per_step"], 2)] for d, m, b in keys]
-    out += _table(["model", "batch", "16-bit ms", "fp8 ms", "speed-up"], body) if body else \
-        ["_No FP8 run beside a 16-bit one recorded._"]
+    keys = sorted({k[:3] for k in mk if k[3] and k[:3] + ("16-bit",) in mk},
+                  key=lambda k: (k[0], _model_key(k[1]), k[2]))
+    out += ["", "**What does FP8 buy?** megakernel ms per step, block-FP8 projections (weight-only, and w8a8: "
+                "FP8 activations too) against 16-bit weights:", ""]
+
+    def ms(k, scheme):
+        r = mk.get(k + (scheme,))
+        return r and r["ms_per_step"]
+
+    body = [[f"{m} on {short_device(d)}", str(b), _fmt(ms((d, m, b), "16-bit")), _fmt(ms((d, m, b), "weight-only")),
+             _fmt(ms((d, m, b), "w8a8")),
+             _fmt(ms((d, m, b), "w8a8") / ms((d, m, b), "16-bit"), 2) if ms((d, m, b), "w8a8") else "-"]
+            for d, m, b in keys]
+    out += _table(["model", "batch", "16-bit ms", "fp8 weight-only ms", "fp8 w8a8 ms", "w8a8 / 16-bit"], body) \
+        if body else ["_No FP8 run beside a 16-bit one recorded._"]
     if keys:
         path = plots / "q-fp8.png"
-        series = {"16-bit": [], "fp8": []}
+        series = {"16-bit": [], "fp8 weight-only": [], "fp8 w8a8": []}
         labels = []
         for i, (d, m, b) in enumerate(keys):
             labels.append(f"{m} {short_device(d)} b{b}")
-            series["16-bit"].append(mk[(d, m, b, False)]["ms_per_step"])
-            series["fp8"].append(mk[(d, m, b, True)]["ms_per_step"])
+            for scheme in ("16-bit", "weight-only", "w8a8"):
+                series["16-bit" if scheme == "16-bit" else f"fp8 {scheme}"].append(ms((d, m, b), scheme) or 0.0)
         plot_bars(labels, series, "megakernel ms per decode step", "FP8 against 16-bit weights", path)
         out += ["", f"Plot: {_plot_link(path, rel_to)}"]
 

@@ -69,6 +69,31 @@ def _as_prompts(input_ids, batch_size: int) -> list[torch.Tensor]:
     return prompts
 
 
+def fp8_scheme(quantization: str | None, asked: str | None, tp: int = 1) -> str | None:
+    """How FP8 projections take their inputs: "dynamic" (w8a8: quantized per 128 columns at run
+    time, the scheme Qwen's FP8 checkpoints declare and the default) or "none" (weight-only); None
+    for 16-bit weights. Tensor parallelism runs weight-only (with a warning where nobody chose); a
+    choice that cannot run is refused here, before any work."""
+    from models.qwen3.fp8 import ACTIVATION_SCHEMES
+    if asked is not None and asked not in ACTIVATION_SCHEMES:
+        raise ValueError(f"fp8_activations {asked!r}: choose one of {', '.join(ACTIVATION_SCHEMES)}")
+    if quantization != "fp8":
+        if asked == "dynamic":
+            raise ValueError("fp8_activations 'dynamic' (w8a8) needs FP8 weights: an -FP8 checkpoint or --quantize fp8")
+        return None
+    if tp > 1:
+        # O's and down's sums are a rank's partials there, and the w8a8 tile needs their whole rows
+        if asked == "dynamic":
+            raise ValueError(f"FP8 activations (w8a8) are not built for tensor parallelism (--tp {tp}); pass "
+                             f"--fp8-activations none (weight-only FP8)")
+        if asked is None:
+            import warnings
+            warnings.warn(f"FP8 activations (w8a8) are not built for --tp {tp}: FP8 weights run weight-only "
+                          f"(--fp8-activations none)", stacklevel=3)
+        return "none"
+    return asked or "dynamic"
+
+
 class MegaQwen3:
     """Decode a Qwen3 model with one of the backends in ``BACKENDS``.
 
@@ -81,7 +106,7 @@ class MegaQwen3:
     """
 
     def __init__(self, model, max_seq_len: int = 4096, batch_size: int = 1, backend: str = "megakernel",
-                 plan: str = "auto", **backend_options):
+                 plan: str = "auto", fp8_activations: str | None = None, **backend_options):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
         if max_seq_len < 2:
@@ -105,6 +130,10 @@ class MegaQwen3:
                                  f"{self.tp_group.rank}")
             self._reduce = self.tp_group.all_reduce
         self.backend_name = backend
+        # FP8 weights: FP8 inputs too (w8a8, "dynamic", the checkpoint's declared scheme and the
+        # default) or weight-only ("none"); decode only: the prefill multiplies dequantized weights
+        self.fp8_activations = fp8_scheme(model.weights.quantization, fp8_activations, self.tp)
+        self.w8a8 = self.fp8_activations == "dynamic"
         self.max_seq_len, self.batch_size = max_seq_len, batch_size
         dev, dt = self.weights.device, self.weights.dtype
         kv_bytes = self.config.kv_bytes_per_position(dt.itemsize) * batch_size * max_seq_len
@@ -113,7 +142,7 @@ class MegaQwen3:
         self.cache = KVCache.allocate(self.config, batch_size, max_seq_len, dt, dev)
         self.tokens = torch.zeros(batch_size, dtype=torch.int32, device=dev)      # pending input tokens
         self.logits = torch.zeros(batch_size, self.config.vocab_size, dtype=torch.float32, device=dev)
-        self.reference = Qwen3Reference(self.config, self.weights, self.cache, reduce=self._reduce)
+        self.reference = Qwen3Reference(self.config, self.weights, self.cache, reduce=self._reduce, w8a8=self.w8a8)
         self.sampling = SamplingParams()
         self._generator: torch.Generator | None = None
         self._lengths = [0] * batch_size    # host mirror of cache.lengths: bounds checks need no sync
@@ -127,7 +156,7 @@ class MegaQwen3:
         # the rules'; options given here win over the tuned ones
         from . import plans
         self.plan_choice = plans.choose(plan, dev, self.config, dt, batch_size, max_seq_len, backend, model.name,
-                                        tp=self.tp, quant=model.weights.quantization)
+                                        tp=self.tp, quant=plans.quant_name(model.weights.quantization, self.w8a8))
         options = {**self.plan_choice.options(), **backend_options}
         if self.plan_choice.entry is not None and backend_options.get("plan_overrides"):
             options["plan_overrides"] = {**self.plan_choice.entry.fields, **backend_options["plan_overrides"]}

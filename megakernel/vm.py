@@ -34,6 +34,9 @@ class VMBackend:
     def __init__(self, mk, num_workers: int | None = 1, strategy: str = "balanced", mode: str = "megakernel",
                  check: bool = True, plan_overrides: dict | None = None, **_):
         self.mk = mk
+        if getattr(mk, "w8a8", False):
+            raise ValueError("the vm backend's references multiply weight-only FP8; build it with "
+                             "fp8_activations='none'")
         workers = num_workers or 1
         plan = replace(make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, tp=getattr(mk, "tp", 1),
                                  fp8=mk.weights.quantization == "fp8"), **(plan_overrides or {}))

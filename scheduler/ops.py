@@ -88,8 +88,10 @@ def next_pow2(n: int) -> int:
 # beside 16-bit or FP8 weights: "split" into a bf16 head and a bf16 remainder, two MMAs a weight
 # block, about 16 bits of the input kept; "bf16" rounded to one bf16 operand, one MMA (as
 # transformers and vLLM multiply bf16 weights), with the RMSNorm sums of squares added by a
-# pairwise tree instead of three MMAs. The rules keep "split"; the other is an experiment.
-BATCH_INPUTS = {"split": 0, "bf16": 1}
+# pairwise tree instead of three MMAs; "fp8" (the weights-on-M tile with FP8 weights, w8a8):
+# quantized to e4m3 per 128 columns, multiplied on the FP8 tensor cores (instructions/wgmma.py). The
+# rules keep "split" for 16-bit weights and "fp8" for FP8 ones unless asked for weight-only FP8.
+BATCH_INPUTS = {"split": 0, "bf16": 1, "fp8": 2}
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,8 @@ class Plan:
         if self.BATCH_INPUT not in BATCH_INPUTS.values():
             raise ValueError(f"BATCH_INPUT={self.BATCH_INPUT} is not one of "
                              + ", ".join(f"{v} ({k})" for k, v in BATCH_INPUTS.items()))
+        if self.BATCH_INPUT == BATCH_INPUTS["fp8"] and not (self.BATCHED == 2 and self.FP8):
+            raise ValueError("BATCH_INPUT=2 (fp8, w8a8) needs FP8 weights on the weights-on-M tile (FP8=1, BATCHED=2)")
         if self.BATCHED not in (0, 1, 2):
             raise ValueError(f"BATCHED={self.BATCHED} is not 0 (per sequence), 1 (batch on M) or 2 (weights on M)")
         for name in ("SK_QKV", "SK_O", "SK_GU", "SK_DOWN"):
@@ -400,10 +404,12 @@ def _base_plan(x: PlanInputs, nsplit: int | None, lm_rows: int | None) -> Plan:
 
 def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
                    lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4, tp: int = 1,
-                   fp8: bool = False) -> tuple[Plan, list[tuple[Rule, dict]]]:
+                   fp8: bool = False, w8a8: bool = False) -> tuple[Plan, list[tuple[Rule, dict]]]:
     """``make_plan``'s plan, and the rules of ``PLAN_RULES`` that fired with the fields each set.
     ``tp`` > 1: ``cfg`` is one rank's shapes (``models.qwen3.tp.shard_config``). ``fp8`` (FP8
-    projections) is set after the rules: tiles are sized as for bf16 weights."""
+    projections) is set after the rules: tiles are sized as for bf16 weights. ``w8a8`` (with
+    ``fp8``): FP8 activations too, which only the weights-on-M tile multiplies, so every batch
+    (batch 1 too) runs it (``w8a8_plan``)."""
     if not 1 <= batch_size <= MAX_BATCH:
         raise ValueError(f"batch size {batch_size} is outside what the kernels run: 1 to {MAX_BATCH}")
     x = PlanInputs(cfg, batch_size, max_seq_len, workers, max_bk, TILE_ELEMS * num_warps // 4, nsplit is not None,
@@ -423,25 +429,51 @@ def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit:
         # REDUCE tiles: few enough that the cross-GPU polls stay few (one per rank a tile), at
         # least 128 rows, so a tile's peer reads are whole 512-byte runs per sequence
         plan = replace(plan, TP=tp, R_AR=min(next_pow2(plan.H), max(128, next_pow2(_cdiv(plan.H, max(1, workers))))))
+    if fp8 and w8a8:
+        why = w8a8_unsupported(plan, tp)
+        if why:
+            raise ValueError(f"FP8 activations (w8a8) cannot run here: {why}; use weight-only FP8 "
+                             f"(--fp8-activations none)")
+        fields = w8a8_plan(plan, workers)
+        fired.append((W8A8_RULE, fields))
+        plan = replace(plan, FP8=1, **fields)
     return (replace(plan, FP8=1) if fp8 else plan), fired
+
+
+W8A8_RULE = Rule("w8a8", lambda x, p: False, lambda x, p: {},
+                 "FP8 activations: every projection on the weights-on-M tile with e4m3 inputs (batch 1 too)")
+
+
+def w8a8_unsupported(plan: Plan, tp: int = 1) -> str | None:
+    """Why a plan cannot run w8a8, or None: its inputs are quantized on the weights-on-M tile,
+    whose normalised input TP does not write (``plan_and_rules``)."""
+    if tp > 1:
+        return "tensor parallelism keeps the batch-on-M tile, which has no FP8 inputs"
+    return None
+
+
+def w8a8_plan(p: Plan, workers: int) -> dict:
+    """The fields that put a plan's projections on the weights-on-M tile with FP8 inputs."""
+    fields = _swap_plan(p, workers) if p.BATCHED != 2 else {}
+    return {**fields, "BATCH_INPUT": BATCH_INPUTS["fp8"], **dict.fromkeys(POOL_FIELDS.values(), 0)}
 
 
 def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
               lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4, tp: int = 1,
-              fp8: bool = False) -> Plan:
+              fp8: bool = False, w8a8: bool = False) -> Plan:
     """Tile sizes for ``cfg`` at ``batch_size`` and ``max_seq_len`` on ``workers`` workers: the base
     plan with ``PLAN_RULES`` applied (``plan_and_rules`` says which fired). ``tp`` > 1: ``cfg`` is
     one rank's shapes, and the step adds the ranks' partial sums after O and down. ``fp8``: the
     plan of FP8 projections (their bytes in ``cost``; the kernels read the format from the weights)."""
     return plan_and_rules(cfg, batch_size, max_seq_len, workers, nsplit, lm_rows, max_bk, num_warps, tp=tp,
-                          fp8=fp8)[0]
+                          fp8=fp8, w8a8=w8a8)[0]
 
 
 def short_b1_mlp(plan: Plan, workers: int) -> bool:
     """Batch 1 with the O projection on at most half the workers and no pools (the plan's
     o-on-half-the-workers rule without the pools rule): the balanced megakernel tape then places
     O, gate/up and down by when their workers get there (``scheduler.graph.lagged``)."""
-    return (plan.B == 1 and not any(plan.pool(op) for op in POOL_FIELDS)
+    return (plan.B == 1 and not plan.BATCHED and not any(plan.pool(op) for op in POOL_FIELDS)
             and 0 < 2 * plan.tiles(Op.OPROJ) <= workers)
 
 

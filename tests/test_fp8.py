@@ -138,7 +138,7 @@ def test_fp8_checkpoint_matches_hf_on_dequantized_weights(tiny_checkpoint, seed,
     assert model.quantization == "fp8" and model.weights.wqkv.dtype == torch.float8_e4m3fn
     assert model.weights.tied == tie
     prompt = torch.randint(0, tiny.vocab_size, (5 + seed % 11,), generator=torch.Generator().manual_seed(seed))
-    mk = MegaQwen3(model, backend="reference", batch_size=1, max_seq_len=len(prompt) + 8)
+    mk = MegaQwen3(model, backend="reference", batch_size=1, max_seq_len=len(prompt) + 8, fp8_activations="none")
     mk.prefill(prompt[None])
     tokens, logits = [], [mk.logits[0].clone()]
     for _ in range(4):
@@ -224,7 +224,7 @@ def test_fp8_tiles_match_hf_on_dequantized_weights(tiny_checkpoint, seed, backen
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, tiny.vocab_size, (n,), generator=g) for n in (5, 3)[:batch]]
     steps = 2
-    mk = MegaQwen3(model, backend=backend, batch_size=batch, max_seq_len=8 + steps)
+    mk = MegaQwen3(model, backend=backend, batch_size=batch, max_seq_len=8 + steps, fp8_activations="none")
     assert mk.backend.plan.FP8 == 1
     mk.prefill(prompts)
     tokens, logits = [mk.tokens.tolist()], [mk.logits.clone()]
@@ -354,20 +354,25 @@ def test_bench_rows_carry_the_quantization(tmp_path, capsys):
     assert "fp8 projections" in out
     rows = results.read_rows(record)
     assert {r["backend"] for r in rows} == {"megakernel", "per-op"}
-    assert all(r["quantization"] == "fp8" and not r["error"] for r in rows)
+    assert all(r["quantization"] == "fp8" and r["fp8_activations"] == "dynamic" and not r["error"] for r in rows)
+    assert "w8a8" in out
     # the floor counts the FP8 bytes: a tiny model's weights with one-byte projections
     tiny = bench.tiny_model(torch.device("cpu"), quantize="fp8")
     assert rows[0]["bytes_per_step"] < bench.step_bytes(bench.tiny_model(torch.device("cpu")), [4, 4])
     assert tiny.weights.nbytes() < rows[0]["bytes_per_step"]
-    plain = dict(rows[0], quantization=None, time="0")
-    assert results.precision(rows[0]) == "float32, fp8 weights" and results.precision(plain) == "float32"
+    plain = dict(rows[0], quantization=None, fp8_activations=None, time="0")
+    weight_only = dict(rows[0], fp8_activations="none")
+    assert results.precision(rows[0]) == "float32, fp8 w8a8" and results.precision(plain) == "float32"
+    assert results.precision(weight_only) == "float32, fp8 weights"
     table = results.headline_markdown(rows + [plain], include_cpu=True)
-    assert "| float32, fp8 weights |" in table and "| float32 |" in table
+    assert "| float32, fp8 w8a8 |" in table and "| float32 |" in table
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--quantize", "fp8", "--compare", "torch-compile"], "--compare torch-compile runs 16-bit weights only"),
     (["--quantize", "int4"], "invalid choice: 'int4'"),
+    (["--fp8-activations", "dynamic"], "--fp8-activations is for FP8 weights"),
+    (["--quantize", "fp8", "--fp8-activations", "static"], "invalid choice: 'static'"),
 ])
 def test_bench_refuses_what_fp8_cannot_run(argv, message, capsys):
     from megakernel import bench
@@ -473,7 +478,8 @@ def test_fp8_register_tiles_every_path(tiny_checkpoint, seed, batch):
     model = load_model(str(tiny.folder), device="cpu", dtype=torch.float32, progress=False)
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, tiny.vocab_size, (n,), generator=g) for n in (4, 6)[:batch]]
-    mk = MegaQwen3(model, backend="megakernel", batch_size=batch, max_seq_len=10, plan_overrides=REGISTER_PATHS)
+    mk = MegaQwen3(model, backend="megakernel", batch_size=batch, max_seq_len=10, plan_overrides=REGISTER_PATHS,
+                   fp8_activations="none")
     plan = mk.backend.plan
     assert plan.FP8 == 1 and plan.BATCHED == 0 and plan.SCALE_ROWS == 32
     assert (plan.R_O, plan.BK_Q, plan.BK_H) == (64, 128, 64)

@@ -37,11 +37,11 @@ def hf_model(cfg, weights, dtype):
     return hf
 
 
-def teacher_forced(model, ids: torch.Tensor, backend: str = "reference") -> torch.Tensor:
+def teacher_forced(model, ids: torch.Tensor, backend: str = "reference", **options) -> torch.Tensor:
     """Our logits [len(ids) - 1, V] through ``backend``'s decode step: prefill one token, then feed
-    the true next token at every step."""
+    the true next token at every step. ``options`` go to ``MegaQwen3`` (``fp8_activations``)."""
     n = len(ids) - 1
-    mk = MegaQwen3(model, backend=backend, max_seq_len=n + 8)
+    mk = MegaQwen3(model, backend=backend, max_seq_len=n + 8, **options)
     mk.prefill(ids[None, :1])
     out = [mk.logits[0].clone()]
     for i in range(1, n):

@@ -42,17 +42,17 @@ def _generate(model, backend, prompt, n, max_seq_len=None, **options):
 KERNEL_BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph")
 
 
-def assert_kernel_backends_agree(model, prompt, n):
+def assert_kernel_backends_agree(model, prompt, n, **options):
     """The four kernel backends generate the same ``n`` greedy tokens of every sequence of ``prompt``,
     on one plan: the plan depends on the worker count, and the persistent backends run fewer workers
     where two programs do not fit an SM (per-op always plans for two), so every backend gets the
-    megakernel's worker count."""
+    megakernel's worker count. ``options`` go to every ``MegaQwen3``."""
     out = {}
-    out["megakernel"], mk = _decode(model, "megakernel", prompt, n)
+    out["megakernel"], mk = _decode(model, "megakernel", prompt, n, **options)
     workers = mk.backend.tape.num_workers
     del mk
     for be in KERNEL_BACKENDS[1:]:
-        out[be] = _generate(model, be, prompt, n, num_workers=workers)
+        out[be] = _generate(model, be, prompt, n, num_workers=workers, **options)
     for be in KERNEL_BACKENDS[1:]:
         diff = (out[be] != out["megakernel"]).nonzero()
         assert not len(diff), f"{be} parts from megakernel at sequence {int(diff[0, 0])} step {int(diff[0, 1])}"

@@ -173,3 +173,38 @@ def dequantize_grid(q: torch.Tensor, grid: torch.Tensor, rows: int, dtype=torch.
     n, k = q.shape
     s = grid.repeat_interleave(rows, 0)[:n].repeat_interleave(BLOCK, 1)[:, :k]
     return (q.float() * s).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# w8a8: the scheme Qwen's FP8 checkpoints declare ("activation_scheme": "dynamic"). Each token's
+# input to a projection is quantized at run time to e4m3 per 128 columns, and e4m3 multiplies e4m3
+# with both block scales applied per 128-column block (vLLM's W8A8BlockFp8LinearOp). The torch
+# reference of the kernels' w8a8 tiles (instructions/wgmma.py).
+
+ACT_EPS = 1e-10     # the smallest amax a block's scale is made from (vLLM's, for all-zero blocks)
+ACTIVATION_SCHEMES = ("dynamic", "none")    # w8a8, or weight-only FP8 (--fp8-activations)
+
+
+def quantize_activations(x: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] per ``block`` columns (the last block may be partial): (e4m3 [..., K], float32
+    scales [..., ceil(K / block)]), scale = max(amax, 1e-10) / 448 and x ~ q * scale."""
+    K = x.shape[-1]
+    kb = math.ceil(K / block)
+    g = torch.nn.functional.pad(x.float(), (0, kb * block - K)).unflatten(-1, (kb, block))
+    scale = g.abs().amax(-1).clamp_min(ACT_EPS) / FP8_MAX
+    q = (g / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.flatten(-2)[..., :K], scale
+
+
+def w8a8_linear(x: torch.Tensor, q: torch.Tensor, grid: torch.Tensor, rows: int) -> torch.Tensor:
+    """x [T, K] @ W^T for fp8 rows ``q`` [N, K] with scales ``grid`` (``rows`` rows a scale row), the
+    w8a8 way: x quantized per 128 columns (``quantize_activations``), each 128-column block's e4m3
+    product summed in float32 and scaled by its two scales. float32 [T, N]."""
+    xq, sx = quantize_activations(x)
+    N, K = q.shape
+    sw = grid.float().repeat_interleave(rows, 0)[:N]          # [N, K / 128]
+    out = torch.zeros(x.shape[0], N, dtype=torch.float32, device=x.device)
+    for j in range(math.ceil(K / BLOCK)):
+        c = slice(j * BLOCK, (j + 1) * BLOCK)
+        out += (xq[:, c].float() @ q[:, c].float().T) * sx[:, j, None] * sw[None, :, j]
+    return out

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import fp8
 from .config import Qwen3Config
 from .weights import Qwen3Weights
 
@@ -78,21 +79,30 @@ def _attend(q, k, v, mask, group):
     return torch.matmul(probs, v)
 
 
-def _qkv(cfg: Qwen3Config, w: Qwen3Weights, l: int, x: torch.Tensor, cos, sin):
+def linear(h: torch.Tensor, w: Qwen3Weights, name: str, l: int, w8a8: bool = False) -> torch.Tensor:
+    """h @ projection ``name`` of layer l transposed; with ``w8a8`` (FP8 weights) the inputs are
+    quantized too, per 128 columns (``fp8.w8a8_linear``), else the weights are dequantized."""
+    if w8a8 and w.quantization:
+        return fp8.w8a8_linear(h, getattr(w, name)[l], getattr(w, name + "_scale")[l], w.scale_rows).to(h.dtype)
+    return h @ w.proj(name, l).T
+
+
+def _qkv(cfg: Qwen3Config, w: Qwen3Weights, l: int, x: torch.Tensor, cos, sin, w8a8: bool = False):
     """Layer l's q, k (normed per head, then rotated) and v for rows x [N, H]: [N, heads, D] each;
     cos/sin broadcast against [N, 1, D]."""
     N, D = x.shape[0], cfg.head_dim
     h = rmsnorm(x, w.input_norm[l], cfg.rms_norm_eps)
-    q, k, v = (h @ w.proj("wqkv", l).T).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+    q, k, v = linear(h, w, "wqkv", l, w8a8).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
     q = apply_rope(rmsnorm(q.view(N, -1, D), w.q_norm[l], cfg.rms_norm_eps), cos, sin)
     k = apply_rope(rmsnorm(k.view(N, -1, D), w.k_norm[l], cfg.rms_norm_eps), cos, sin)
     return q, k, v.view(N, -1, D)
 
 
-def _mlp_residual(cfg: Qwen3Config, w: Qwen3Weights, l: int, x: torch.Tensor, reduce=None) -> torch.Tensor:
+def _mlp_residual(cfg: Qwen3Config, w: Qwen3Weights, l: int, x: torch.Tensor, reduce=None,
+                  w8a8: bool = False) -> torch.Tensor:
     h = rmsnorm(x, w.post_norm[l], cfg.rms_norm_eps)
-    gate, up = (h @ w.proj("wgate_up", l).T).split(cfg.intermediate_size, dim=-1)
-    return x + _summed((F.silu(gate) * up) @ w.proj("wdown", l).T, reduce)
+    gate, up = linear(h, w, "wgate_up", l, w8a8).split(cfg.intermediate_size, dim=-1)
+    return x + _summed(linear(F.silu(gate) * up, w, "wdown", l, w8a8), reduce)
 
 
 def _summed(partial: torch.Tensor, reduce) -> torch.Tensor:
@@ -101,10 +111,11 @@ def _summed(partial: torch.Tensor, reduce) -> torch.Tensor:
 
 
 def forward_tokens(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, b: int, ids: torch.Tensor,
-                   start: int, all_logits: bool = False, reduce=None) -> torch.Tensor:
+                   start: int, all_logits: bool = False, reduce=None, w8a8: bool = False) -> torch.Tensor:
     """Run tokens ``ids`` [T] of sequence ``b`` at positions start..start+T-1, appending their keys
     and values to the cache. Returns float32 logits of the last position [V] (or all, [T, V]).
-    ``reduce``: tensor parallelism's in-place sum over the ranks of O's and down's partial sums."""
+    ``reduce``: tensor parallelism's in-place sum over the ranks of O's and down's partial sums.
+    ``w8a8``: FP8 projections take FP8 inputs (``linear``)."""
     T = ids.shape[0]
     if start + T > cache.max_seq_len:
         raise ValueError(f"sequence {b}: {start + T} positions exceed max_seq_len {cache.max_seq_len}")
@@ -115,13 +126,13 @@ def forward_tokens(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, b: int, id
     mask = key_pos[None, :] <= pos[:, None]
     x = w.embed[ids]                                              # [T, H]
     for l in range(cfg.num_hidden_layers):
-        q, k, v = _qkv(cfg, w, l, x, cos[:, None], sin[:, None])        # [T, heads, D]
+        q, k, v = _qkv(cfg, w, l, x, cos[:, None], sin[:, None], w8a8)        # [T, heads, D]
         cache.k[l, b, :, start:start + T] = k.transpose(0, 1)
         cache.v[l, b, :, start:start + T] = v.transpose(0, 1)
         o = _attend(q.transpose(0, 1), cache.k[l, b, :, :start + T], cache.v[l, b, :, :start + T], mask,
                     cfg.group_size)
-        x = x + _summed(o.transpose(0, 1).reshape(T, cfg.q_size) @ w.proj("wo", l).T, reduce)
-        x = _mlp_residual(cfg, w, l, x, reduce)
+        x = x + _summed(linear(o.transpose(0, 1).reshape(T, cfg.q_size), w, "wo", l, w8a8), reduce)
+        x = _mlp_residual(cfg, w, l, x, reduce, w8a8)
     x = rmsnorm(x if all_logits else x[-1:], w.final_norm, cfg.rms_norm_eps)
     logits = (x @ w.lm_head.T).float()
     return logits if all_logits else logits[0]
@@ -132,8 +143,8 @@ class Qwen3Reference:
 
     PREFILL_CHUNK = 512
 
-    def __init__(self, cfg: Qwen3Config, weights: Qwen3Weights, cache: KVCache, reduce=None):
-        self.cfg, self.w, self.cache, self.reduce = cfg, weights, cache, reduce
+    def __init__(self, cfg: Qwen3Config, weights: Qwen3Weights, cache: KVCache, reduce=None, w8a8: bool = False):
+        self.cfg, self.w, self.cache, self.reduce, self.w8a8 = cfg, weights, cache, reduce, w8a8
 
     @torch.no_grad()
     def prefill(self, prompts: list[torch.Tensor]) -> torch.Tensor:
@@ -146,7 +157,8 @@ class Qwen3Reference:
             # Chunks bound the attention scores' memory ([heads, chunk, length]) on long prompts.
             for start in range(0, ids.shape[0], self.PREFILL_CHUNK):
                 logits = forward_tokens(self.cfg, self.w, self.cache, b,
-                                        ids[start:start + self.PREFILL_CHUNK], start, reduce=self.reduce)
+                                        ids[start:start + self.PREFILL_CHUNK], start, reduce=self.reduce,
+                                        w8a8=self.w8a8)
             out.append(logits)
             self.cache.lengths[b] = ids.shape[0]
         return torch.stack(out)
@@ -155,7 +167,8 @@ class Qwen3Reference:
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """One step: token b goes at position lengths[b]; returns float32 logits [B, V]."""
         lengths = self.cache.lengths.tolist()
-        out = [forward_tokens(self.cfg, self.w, self.cache, b, tokens[b:b + 1], lengths[b], reduce=self.reduce)
+        out = [forward_tokens(self.cfg, self.w, self.cache, b, tokens[b:b + 1], lengths[b], reduce=self.reduce,
+                              w8a8=self.w8a8)
                for b in range(len(lengths))]
         self.cache.lengths += 1
         return torch.stack(out)
