@@ -18,6 +18,17 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
+        import math
+        if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool) \
+                or not math.isfinite(self.temperature):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or isinstance(self.top_k, bool)):
+            raise ValueError(f"top-k must be an integer >= 1, got {self.top_k!r}")
+        if self.top_p is not None and (not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool)
+                                       or math.isnan(self.top_p)):
+            raise ValueError(f"top-p must be a number in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k is not None and self.top_k < 1:
