@@ -36,7 +36,7 @@ def model_state(mk) -> dict[str, torch.Tensor]:
     """The runtime's tensors a step advances (``buffers.SPEC``'s state role), by buffer name; with
     tensor parallelism also its symmetric buffers (``megakernel.tp``), where it has them."""
     return dict(tokens=mk.tokens, lengths=mk.cache.lengths, k_cache=mk.cache.k, v_cache=mk.cache.v,
-                logits=mk.logits, **getattr(mk, "tp_buffers", {}))
+                logits=mk.logits, **getattr(mk, "sampling_buffers", {}), **getattr(mk, "tp_buffers", {}))
 
 
 def step_buffers(mk, plan: Plan, num_warps: int = 4, **control) -> StepBuffers:
@@ -117,11 +117,44 @@ class PersistentBackend:
         self.num_warps, self.strategy, self.max_bk = num_warps, strategy, max_bk
         self.steps = self._reset_at = 0
         self._pending = None
-        self.sms = sms = default_workers(dev) if dev.type == "cuda" else 0   # SM pairs: CUDA only (_build)
-        if dev.type != "cuda":
+        self.sms = default_workers(dev) if dev.type == "cuda" else 0   # SM pairs: CUDA only (_build)
+        self.num_workers, self.workers_per_sm = num_workers, workers_per_sm
+        self.sampling = False           # the tape has a SAMPLE stage (``set_sampling``)
+        self._variants: dict[bool, dict] = {}
+        self._build_fitting()
+
+    # Sampling on the device: every kernel backend runs a plan with SAMPLE=1 (a SAMPLE stage before
+    # ARGMAX, instructions/sample.py) while any sequence samples, and the greedy plan otherwise, so
+    # greedy decoding keeps its tape and binary. Each plan's tape, buffers and counters are built
+    # once, on first use, and kept (``set_sampling`` swaps them).
+    device_sampling = True
+    _VARIANT = ("tape", "plan", "st", "words", "counters", "epoch", "err", "pairs", "trace_buf", "argmax_c",
+                "argmax_n", "sm_pairs", "_err_host", "steps", "_reset_at", "_pending", "kernel_info")
+
+    def set_sampling(self, on: bool):
+        """Run the plan with a SAMPLE stage (``on``) or the greedy one from the next launch."""
+        on = bool(on)
+        if on == self.sampling:
+            return
+        self._check_errors(now=True)     # a pending error belongs to the plan it happened in
+        self._variants[self.sampling] = {a: getattr(self, a) for a in self._VARIANT if hasattr(self, a)}
+        self.sampling = on
+        if on in self._variants:
+            for a, v in self._variants[on].items():
+                setattr(self, a, v)
+            return
+        self.steps = self._reset_at = 0
+        self._pending = None
+        self._build_fitting()
+
+    def _build_fitting(self):
+        """Build the tape of the current plan for the workers asked for, or, on a GPU, as many as
+        the compiled kernel lets be resident at once."""
+        num_workers, sms = self.num_workers, self.sms
+        if self.mk.weights.device.type != "cuda":
             self._build(num_workers or 1)
             return
-        self._build(num_workers or sms * workers_per_sm)
+        self._build(num_workers or sms * self.workers_per_sm)
         fit = sms * self.resident_per_sm()
         if self.tape.num_workers > fit:
             if num_workers:
@@ -135,7 +168,8 @@ class PersistentBackend:
 
     def _build(self, workers: int):
         mk, dev = self.mk, self.mk.weights.device
-        self.tape: Tape = build_tape(tile_plan(mk, workers, self.max_bk, self.plan_overrides, self.num_warps),
+        overrides = {**self.plan_overrides, "SAMPLE": int(self.sampling)}
+        self.tape: Tape = build_tape(tile_plan(mk, workers, self.max_bk, overrides, self.num_warps),
                                      workers, strategy=self.strategy, mode=self.mode)
         self.plan = self.tape.plan      # a superkernel tape's is without pools
         self.st = st = step_buffers(mk, self.plan, self.num_warps, workers=workers, tape=encode(self.tape),
@@ -207,7 +241,8 @@ class PersistentBackend:
         self.kernel[(self.tape.num_workers,)](**self.launch_args(steps))
 
     def decode(self, steps: int = 1):
-        """``steps`` greedy decode steps in one launch; step s's token lands in ``st.hist[s]``."""
+        """``steps`` decode steps in one launch (greedy, or sampled on the device with the plan's
+        SAMPLE stage); step s's token lands in ``st.hist[s]``."""
         if not 1 <= steps <= self.max_steps_per_launch:
             raise ValueError(f"{self.mode} runs 1 to {self.max_steps_per_launch} steps per launch, not {steps}")
         # counters are int32: start again from zero well before they could overflow
@@ -360,12 +395,34 @@ class PerOpBackend:
             raise RuntimeError("backend cuda-graph needs a CUDA GPU")
         self.mk = mk
         # the same tile sizes as the megakernel would use, so the numbers agree bit for bit
-        workers = num_workers or default_workers(dev) * (workers_per_sm if dev.type == "cuda" else 1)
-        self.plan = tile_plan(mk, workers, max_bk, plan_overrides, num_warps)
-        self.st = step_buffers(mk, self.plan, num_warps)
+        self.workers = num_workers or default_workers(dev) * (workers_per_sm if dev.type == "cuda" else 1)
+        self.max_bk, self.plan_overrides, self.num_warps = max_bk, plan_overrides or {}, num_warps
+        self.use_graph = graph
+        self.sampling = False
+        self._variants: dict[bool, tuple] = {}
+        self._build()
+
+    # as PersistentBackend's: a SAMPLE stage while any sequence samples; each plan built once
+    device_sampling = True
+
+    def _build(self):
+        overrides = {**self.plan_overrides, "SAMPLE": int(self.sampling)}
+        self.plan = tile_plan(self.mk, self.workers, self.max_bk, overrides, self.num_warps)
+        self.st = step_buffers(self.mk, self.plan, self.num_warps)
         self.seq = per_op_launches(self.st, self.plan)
         self.graph = None
-        self.use_graph = graph
+
+    def set_sampling(self, on: bool):
+        """Run the plan with a SAMPLE stage (``on``) or the greedy one from the next step."""
+        on = bool(on)
+        if on == self.sampling:
+            return
+        self._variants[self.sampling] = (self.plan, self.st, self.seq, self.graph)
+        self.sampling = on
+        if on in self._variants:
+            self.plan, self.st, self.seq, self.graph = self._variants[on]
+        else:
+            self._build()
 
     def launch(self):
         for fn, grid, kwargs in self.seq:

@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 
 from instructions.common import KEY_EMPTY, TRACE_SLOTS
+from instructions.sample import CAP as _CAP
 from instructions.tiles import TICK_STRIDE
 from instructions.wgmma import SS_ROWS, kpart_elems
 from scheduler.ops import WORDS, Plan
@@ -33,6 +34,7 @@ from scheduler.ops import WORDS, Plan
 # The most decode steps one launch of the persistent kernel runs, and so the rows of ``hist``;
 # greedy decoding computes and drops at most this many steps past a stop token.
 MAX_STEPS_PER_LAUNCH = 64
+SAMPLE_CAP = _CAP.value      # candidates a sampled sequence keeps (instructions.sample)
 # SM ids the persistent kernel can pair programs on (``kernel._paired_row``; its MAX_SMS)
 MAX_SMS = 1024
 
@@ -93,6 +95,11 @@ SPEC: tuple[Buffer, ...] = (
     Buffer("k_cache", lambda d: (d.L, d.B, d.HKV, d.S, d.D), ACT, "state"),
     Buffer("v_cache", lambda d: (d.L, d.B, d.HKV, d.S, d.D), ACT, "state"),
     Buffer("logits", lambda d: (d.B, d.V), _f32, "state"),
+    # each sequence's sampling settings (instructions/sample.py; read only by plans with SAMPLE)
+    Buffer("inv_temp", lambda d: (d.B,), _f32, "state", doc="1 / temperature; 0: greedy"),
+    Buffer("top_k", lambda d: (d.B,), _i32, "state", doc="0: no top-k"),
+    Buffer("top_p", lambda d: (d.B,), _f32, "state", doc="1.0: no top-p"),
+    Buffer("seed", lambda d: (d.B,), _i64, "state", doc="the sequence's Philox key"),
     # tensor parallelism (TP > 1; instructions/allreduce.py): each rank's partial sums and flags, in
     # symmetric memory where the persistent kernel reads its peers' (megakernel/tp.py), and their
     # addresses in this process; one word each at TP 1
@@ -120,6 +127,9 @@ SPEC: tuple[Buffer, ...] = (
     Buffer("kticks", lambda d: (4 * TICK_STRIDE.value,), _i32, "scratch",
            doc="the K-split stages' tickets, a word a row block (instructions.tiles; only grow)"),
     Buffer("inv_freq", lambda d: (d.D // 2,), _f32, "scratch", doc="RoPE frequencies, as transformers computes"),
+    Buffer("cand", lambda d: (d.B, SAMPLE_CAP if d.SAMPLE else 1), _f32, "scratch",
+           doc="a sampled sequence's candidate logits (instructions.sample)"),
+    Buffer("cand_idx", lambda d: (d.B, SAMPLE_CAP if d.SAMPLE else 1), _i32, "scratch", doc="... and their indices"),
     Buffer("hist", lambda d: (MAX_STEPS_PER_LAUNCH, d.B), _i32, "scratch", doc="each step's token in a launch"),
     # the persistent kernel's
     Buffer("tape", lambda d: (d.workers, d.tape_len, WORDS), _i32, "control", doc="scheduler.graph.encode"),

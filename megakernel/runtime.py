@@ -2,20 +2,29 @@
 
 Every backend advances the same state in place: it reads the pending token of each sequence from
 ``tokens``, appends that token's keys and values at position ``cache.lengths[b]``, writes float32
-``logits``, puts the greedy next token into ``tokens`` and adds one to ``lengths``. Because all of
+``logits``, puts the next token into ``tokens`` and adds one to ``lengths``. Because all of
 that lives in device memory, a kernel backend's step needs no host work beyond its launch.
 Prompts are prefilled into the same cache by ``models.qwen3.prefill`` (torch GEMMs and SDPA).
+
+The next token is each sequence's greedy choice, or a sample with its own settings (temperature,
+top-k, top-p, seed; ``set_slot_sampling``) drawn in the step on the device (every backend but
+``vm``, which draws the same token on the host): ``instructions/sample.py``, whose torch reference
+(``models.qwen3.sampling.device_sample_reference``) also chooses a prefill's first token. A draw
+depends only on (seed, position, logits), so a seeded sequence gets the same tokens whatever its
+batch, slot or steps per launch.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import random
+
 import torch
 
 from models.qwen3 import prefill as qwen3_prefill
 from models.qwen3.reference import KVCache, Qwen3Reference
-from models.qwen3.sampling import SamplingParams, sample
+from models.qwen3.sampling import SEED_BITS, SamplingParams, device_sample_reference, slot_settings
 
 BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph", "reference", "vm")
 
@@ -23,13 +32,18 @@ BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph", "reference", "v
 class ReferenceBackend:
     """The torch model, one op at a time (the oracle; also the ``reference`` baseline)."""
 
+    device_sampling = True      # the torch sampler, on the logits' device
+
     def __init__(self, mk: "MegaQwen3", **_):
         self.mk = mk
 
     def decode(self):
         mk = self.mk
         mk.logits.copy_(mk.reference.decode(mk.tokens.long()))
-        mk.tokens.copy_(mk.logits.argmax(-1))
+        if mk.sampled_slots():
+            mk.tokens.copy_(mk.sample_reference(mk.cache.lengths))
+        else:
+            mk.tokens.copy_(mk.logits.argmax(-1))
 
 
 def _import_backend(name: str, module: str, attr: str):
@@ -144,7 +158,13 @@ class MegaQwen3:
         self.logits = torch.zeros(batch_size, self.config.vocab_size, dtype=torch.float32, device=dev)
         self.reference = Qwen3Reference(self.config, self.weights, self.cache, reduce=self._reduce, w8a8=self.w8a8)
         self.sampling = SamplingParams()
-        self._generator: torch.Generator | None = None
+        # each slot's sampling settings, in the step's buffers (``set_slot_sampling``) and on the host
+        self.sampling_buffers = dict(inv_temp=torch.zeros(batch_size, dtype=torch.float32, device=dev),
+                                     top_k=torch.zeros(batch_size, dtype=torch.int32, device=dev),
+                                     top_p=torch.ones(batch_size, dtype=torch.float32, device=dev),
+                                     seed=torch.zeros(batch_size, dtype=torch.int64, device=dev))
+        self.slot_sampling: list[SamplingParams] = [SamplingParams()] * batch_size
+        self._seed_rng = random.Random()        # seeds of unseeded sampled sequences (OS entropy)
         self._lengths = [0] * batch_size    # host mirror of cache.lengths: bounds checks need no sync
         self.finish_reasons: list[str | None] = [None] * batch_size   # of the last generate()
         self.num_generated: list[int] = [0] * batch_size
@@ -185,13 +205,65 @@ class MegaQwen3:
         prompts = self._check_prompts(input_ids)
         self.reset()
         self.sampling = sampling
-        self._generator = None
-        if seed is not None and not sampling.greedy:
-            self._generator = torch.Generator(device=self.tokens.device).manual_seed(seed)
+        # every sequence samples with these settings; seeded, sequence b's seed is seed + b (the
+        # same seed for all would give every row the same noise), else each draws its own
+        for b in range(self.batch_size):
+            self._set_sampling(b, sampling if seed is None else
+                               SamplingParams(temperature, top_k, top_p, (seed + b) % (1 << SEED_BITS)))
+        self._sync_sampling()
         self.logits.copy_(qwen3_prefill.prefill(self.config, self.weights, self.cache, prompts, reduce=self._reduce))
         self._lengths = [p.numel() for p in prompts]
-        self.tokens.copy_(sample(self.logits, self.sampling, self._generator))
+        # the first token's position is the prompt's length
+        self.tokens.copy_(self.sample_reference(self.cache.lengths))
         return self.tokens.long()
+
+    # -----------------------------------------------------------------------------------------
+    # Sampling settings
+
+    def _set_sampling(self, b: int, params: SamplingParams):
+        if not params.greedy and params.seed is None:
+            params = SamplingParams(params.temperature, params.top_k, params.top_p,
+                                    self._seed_rng.getrandbits(SEED_BITS))
+        inv_t, k, p, seed = slot_settings(params, self.config.vocab_size)
+        buf = self.sampling_buffers
+        buf["inv_temp"][b], buf["top_k"][b], buf["top_p"][b], buf["seed"][b] = inv_t, k, p, seed
+        self.slot_sampling[b] = params
+
+    def _sync_sampling(self):
+        """The backend runs its sampling plan while any slot samples, its greedy one otherwise."""
+        switch = getattr(self.backend, "set_sampling", None) if hasattr(self, "backend") else None
+        if switch is not None:
+            switch(bool(self.sampled_slots()))
+
+    def sampled_slots(self) -> list[int]:
+        """The slots whose settings sample (temperature > 0)."""
+        return [b for b, sp in enumerate(self.slot_sampling) if not sp.greedy]
+
+    @property
+    def device_sampling(self) -> bool:
+        """Whether the backend draws sampled tokens in the step (all but ``vm``), so that sampling
+        too runs several steps a launch where the backend does."""
+        return bool(getattr(self.backend, "device_sampling", False))
+
+    def set_slot_sampling(self, b: int, params: SamplingParams | None = None):
+        """Slot ``b``'s sampling settings from its next token on (None: greedy). A sampled slot
+        without a seed gets one drawn now from a host RNG (``slot_sampling[b].seed`` says which).
+        Settings are checked (``SamplingParams``) before anything changes."""
+        if not 0 <= b < self.batch_size:
+            raise ValueError(f"slot {b} is outside the batch of {self.batch_size}")
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"slot {b}'s sampling settings must be a SamplingParams, not {type(params).__name__}")
+        self._set_sampling(b, params)
+        self._sync_sampling()
+
+    def sample_reference(self, positions: torch.Tensor, rows=None) -> torch.Tensor:
+        """The tokens the device sampler chooses from ``logits`` (rows ``rows``, default all) with
+        each slot's settings, the chosen tokens' positions given; LongTensor on the device."""
+        rows = slice(None) if rows is None else rows
+        buf = self.sampling_buffers
+        return device_sample_reference(self.logits[rows], buf["inv_temp"][rows], buf["top_k"][rows],
+                                       buf["top_p"][rows], buf["seed"][rows], positions)
 
     def _check_prompts(self, input_ids) -> list[torch.Tensor]:
         prompts = _as_prompts(input_ids, self.batch_size)
@@ -227,8 +299,9 @@ class MegaQwen3:
         self._check_room(1)
         self._decode()
         self._lengths = [n + 1 for n in self._lengths]
-        if not self.sampling.greedy:
-            self.tokens.copy_(sample(self.logits, self.sampling, self._generator))
+        if not self.device_sampling and self.sampled_slots():
+            # the host draws what the device sampler would (``vm``)
+            self.tokens.copy_(self.sample_reference(self.cache.lengths))
         return self.tokens.long()
 
     def _decode(self, *steps):
@@ -243,9 +316,12 @@ class MegaQwen3:
 
     @property
     def steps_per_launch(self) -> int:
-        """Decode steps ``steps()`` runs per kernel launch: up to 64 for greedy decoding on the
-        megakernel (each step's token goes to the next step's embedding on the device), else 1."""
-        return getattr(self.backend, "max_steps_per_launch", 1) if self.sampling.greedy else 1
+        """Decode steps ``steps()`` runs per kernel launch: up to 64 on the megakernel, greedy or
+        sampling on the device (each step's token goes to the next step's embedding on the
+        device), else 1."""
+        if self.sampled_slots() and not self.device_sampling:
+            return 1
+        return getattr(self.backend, "max_steps_per_launch", 1)
 
     @torch.no_grad()
     def steps(self, n: int, per_launch: int | None = None) -> torch.Tensor:
@@ -315,7 +391,7 @@ class MegaQwen3:
                 on_token(rows[-1])
 
         take(self.prefill(prompts, temperature, top_k, top_p, seed).cpu())
-        # greedy decoding on the megakernel runs several steps per launch after a first one alone
+        # decoding on the megakernel runs several steps per launch after a first one alone
         # (which compiles the kernel on first use, so the tokens' arrival times show it apart)
         chunk, made = self.steps_per_launch, 1
         while not all(done):
@@ -349,8 +425,9 @@ class MegaQwen3:
     @torch.no_grad()
     def prefill_slot(self, b: int, input_ids) -> torch.Tensor:
         """Prefill slot ``b`` with one prompt (a list or 1-D tensor of ids) from position 0 and
-        leave every other slot as it is. Sets the slot's length and its pending token (the greedy
-        choice; ``set_token`` replaces it). Returns float32 logits [V] of the last position."""
+        leave every other slot as it is. Sets the slot's length and its pending token (chosen on
+        the device with the slot's settings, ``set_slot_sampling``: the greedy choice by default;
+        ``set_token`` replaces it). Returns float32 logits [V] of the last position."""
         if not 0 <= b < self.batch_size:
             raise ValueError(f"slot {b} is outside the batch of {self.batch_size}")
         ids = torch.as_tensor(input_ids, dtype=torch.long).flatten().cpu()
@@ -358,8 +435,8 @@ class MegaQwen3:
         logits = self._prefill_one(b, ids.to(self.tokens.device)).float()
         self.cache.lengths[b] = ids.numel()
         self._lengths[b] = ids.numel()
-        self.tokens[b] = logits.argmax()
         self.logits[b] = logits
+        self.tokens[b] = self.sample_reference(self.cache.lengths[b:b + 1], slice(b, b + 1))[0]
         return logits
 
     def set_token(self, b: int, token: int | torch.Tensor):
@@ -367,14 +444,19 @@ class MegaQwen3:
         self.tokens[b] = token
 
     def free_slot(self, b: int):
-        """Park slot ``b``: its sequence is forgotten, the others are untouched."""
+        """Park slot ``b``: its sequence (and its sampling settings) forgotten, the others untouched."""
         self.cache.lengths[b] = self.PARK_LENGTH
         self.tokens[b] = 0
         self._lengths[b] = self.PARK_LENGTH
+        if not self.slot_sampling[b].greedy:
+            self.set_slot_sampling(b, None)
 
     def reset_slots(self):
-        """Forget every sequence and park every slot (after a failed step, say)."""
+        """Forget every sequence and park every slot (after a failed step, say); every slot greedy."""
         self.reset()
+        for b in self.sampled_slots():
+            self._set_sampling(b, SamplingParams())
+        self._sync_sampling()
         self.cache.lengths.fill_(self.PARK_LENGTH)
         self._lengths = [self.PARK_LENGTH] * self.batch_size
 

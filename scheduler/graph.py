@@ -1,8 +1,8 @@
 """The decode step as a graph of tile instructions, assigned to workers as a tape.
 
 A step is a list of *stages* in dependency order (embed; per layer QKV, attention, O
-projection, gate/up, down; LM head; argmax). Each stage's tiles are cut into instructions of
-contiguous tiles, at most about one per worker, never crossing a *segment* (tiles that raise the
+projection, gate/up, down; LM head; sample, where the plan's SAMPLE asks for it; argmax). Each
+stage's tiles are cut into instructions of contiguous tiles, at most about one per worker, never crossing a *segment* (tiles that raise the
 same counter). A consumer waits on the counter of the producer segment it needs, for as many
 signals as that segment has instructions: the attention of kv head g waits only for the QKV tiles
 of that head's rows, everything else for the whole previous stage.
@@ -92,7 +92,12 @@ def build_stages(plan: Plan) -> list[Stage]:
             stages.append(Stage(op, at, [Segment(0, n, (op, at, 0))], [dep]))
         prev = (Op.REDUCE, 2 * l + 1, 0)
     stages.append(Stage(Op.LMHEAD, 0, [Segment(0, p.tiles(Op.LMHEAD) - p.POOL_LM, (Op.LMHEAD, 0, 0))], [prev]))
-    stages.append(Stage(Op.ARGMAX, 0, [Segment(0, p.B, (Op.ARGMAX, 0, 0))], [(Op.LMHEAD, 0, 0)]))
+    last = (Op.LMHEAD, 0, 0)
+    if p.SAMPLE:
+        # sampling on the device: each sampled sequence's token replaces the LM head's argmax
+        stages.append(Stage(Op.SAMPLE, 0, [Segment(0, p.B, (Op.SAMPLE, 0, 0))], [last]))
+        last = (Op.SAMPLE, 0, 0)
+    stages.append(Stage(Op.ARGMAX, 0, [Segment(0, p.B, (Op.ARGMAX, 0, 0))], [last]))
     return stages
 
 

@@ -61,6 +61,9 @@ KINDS: tuple[Kind, ...] = (
          "POOL_DOWN", True),
     Kind("LMHEAD", 7, "matvec", lambda p: cdiv(p.V, p.R_LM), lambda p, it: p.R_LM * p.H * it, "POOL_LM"),
     Kind("ARGMAX", 8, "argmax", lambda p: p.B, lambda p, it: 8 * cdiv(p.V, p.R_LM)),
+    # Sampling on the device (plans with SAMPLE=1, ``instructions/sample.py``): between the LM head
+    # and ARGMAX, a tile per sequence; reads its logits row twice
+    Kind("SAMPLE", 13, "sample", lambda p: p.B, lambda p, it: 8 * p.V),
     # Tensor parallelism (plans with TP > 1, ``instructions/allreduce.py``): O and down write this
     # rank's partial sums instead of adding into x, and REDUCE adds every rank's into x. A REDUCE
     # stage follows each of them; its instructions' layer word is the partial's slot, 2 l (after O)

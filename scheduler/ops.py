@@ -137,6 +137,7 @@ class Plan:
     SK_O: int = 1
     SK_GU: int = 1
     SK_DOWN: int = 1
+    SAMPLE: int = 0     # 1: a SAMPLE stage between the LM head and ARGMAX (sampling on the device)
 
     def __post_init__(self):
         if self.BATCH_INPUT not in BATCH_INPUTS.values():

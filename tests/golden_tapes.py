@@ -42,7 +42,11 @@ def digest(name, workers, batch, seq, mode) -> dict:
     words, lengths = encode(tape)
     h = hashlib.sha256(words.numpy().tobytes())
     h.update(lengths.numpy().tobytes())
-    meta = json.dumps({"plan": tape.plan.constexprs(), "counters": tape.num_counters,
+    consts = tape.plan.constexprs()
+    if not consts.get("SAMPLE"):
+        # a greedy plan (no SAMPLE stage, no SAMPLE branch compiled) digests as before the field existed
+        consts.pop("SAMPLE", None)
+    meta = json.dumps({"plan": consts, "counters": tape.num_counters,
                        "sm_mates": tape.sm_mates, "shape": list(words.shape)}, sort_keys=True)
     return {"tape": h.hexdigest(), "plan": hashlib.sha256(meta.encode()).hexdigest()}
 
