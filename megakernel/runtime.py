@@ -465,7 +465,8 @@ class MegaQwen3:
         if full or self.PARK_LENGTH + steps > self.max_seq_len:
             b = full[0] if full else None
             where = f"slot {b} is at {self._lengths[b]}" if full else f"a parked slot is at {self.PARK_LENGTH}"
-            raise ValueError(f"{where} of max_seq_len {self.max_seq_len}: no room for {steps} more step(s)")
+            more = "another step" if steps == 1 else f"{steps} more steps"
+            raise ValueError(f"{where} of max_seq_len {self.max_seq_len}: no room for {more}")
         view = self if n == self.batch_size else self._views[n]
         if steps == 1:
             view._decode()
