@@ -437,11 +437,14 @@ class MegaQwen3:
         self.cache.lengths.fill_(self.PARK_LENGTH)
         self._lengths = [self.PARK_LENGTH] * self.batch_size
 
+    def bucket_backend(self, n: int):
+        """The backend that steps bucket ``n``."""
+        return self.backend if n == self.batch_size else self._views[n].backend
+
     def slot_steps_per_launch(self, n: int | None = None) -> int:
         """Steps one ``step_slots`` launch may run on bucket ``n`` (default: the allocated batch):
         the backend's most (64 on the megakernel, 1 on backends that run a step a launch)."""
-        view = self if n is None or n == self.batch_size else self._views[n]
-        return getattr(view.backend, "max_steps_per_launch", 1)
+        return getattr(self.bucket_backend(self.batch_size if n is None else n), "max_steps_per_launch", 1)
 
     @torch.no_grad()
     def step_slots(self, active: Sequence[int], steps: int = 1, bucket: int | None = None) -> torch.Tensor:
