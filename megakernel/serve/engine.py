@@ -392,7 +392,7 @@ class Engine:
                 mk.max_seq_len - mk.PARK_LENGTH)
         step = self.step_s.get(bucket)
         if step:
-            k = min(k, int(self.max_launch_s / step))
+            k = min(k, int(self.max_launch_s / step + 1e-6))
         return max(1, k)
 
     def _decode(self, n: int, events: list):
