@@ -400,7 +400,8 @@ class Engine:
         k = self._launch_steps(n)
         seqs = self.slots[:n]
         t0 = time.perf_counter()
-        tokens = mk.step_slots(range(n), steps=k) if k > 1 else mk.step_slots(range(n))
+        active = list(range(n))      # the lowest slots (compaction)
+        tokens = mk.step_slots(active, steps=k) if k > 1 else mk.step_slots(active)
         rows = tokens[:n].tolist()
         if k == 1:
             rows = [[t] for t in rows]
