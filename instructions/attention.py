@@ -60,12 +60,13 @@ def _kv_block(kc_ptr, vc_ptr, coff, start, kv_end, dd, dmask, D: tl.constexpr, B
 
 
 @triton.jit
-def _split_range(t, layer, lengths_ptr, step, B: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
+def _split_range(t, layer, lengths_ptr, step, KV_B: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
                  NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, NEW: tl.constexpr):
     """Tile t's split: where it starts, where its cached positions end (the new one is not
     cached yet), the cache offset of its (b, g), the new position (the split is empty this step
     when it starts after it; with NEW, split 0 starts at it) and the split length this step.
-    ``step``: the step within the launch (lengths advance only at the launch's end)."""
+    ``step``: the step within the launch (lengths advance only at the launch's end); ``KV_B``: the
+    cache's allocated batch (the plan's), its layer stride in sequences."""
     g = (t // NSPLIT) % HKV
     b = t // (NSPLIT * HKV)
     pos = tl.load(lengths_ptr + b) + step
@@ -80,7 +81,7 @@ def _split_range(t, layer, lengths_ptr, step, B: tl.constexpr, D: tl.constexpr, 
         chunk = tl.cdiv(tl.cdiv(pos + 1, NSPLIT), BLOCK_S) * BLOCK_S
         lo = (t % NSPLIT) * chunk
         kv_end = tl.minimum(lo + chunk, pos)
-    coff = ((layer * B + b) * HKV + g).to(tl.int64) * (S * D)
+    coff = ((layer * KV_B + b) * HKV + g).to(tl.int64) * (S * D)
     return lo, kv_end, coff, pos, chunk
 
 
@@ -245,7 +246,7 @@ def _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_p
 @triton.jit
 def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, step, kc_ptr, vc_ptr,
               opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt_ptr, target,
-              B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
+              KV_B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
               NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
               NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr, NEW: tl.constexpr, WAIT: tl.constexpr,
               SPIN: tl.constexpr, tr, TRACE: tl.constexpr):
@@ -267,7 +268,7 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
     kn_p = tl.load(kn_ptr + layer * D + pd, mask=dmask, other=0.0).to(tl.float32)
     # The first tile's first KV block is loaded before the wait: positions before the new one
     # were written by earlier steps, so like weights they never wait on this step's producers.
-    lo, kv_end, coff, pos, chunk = _split_range(t0, layer, lengths_ptr, step, B, D, HKV, S, NSPLIT, BLOCK_S, NEW)
+    lo, kv_end, coff, pos, chunk = _split_range(t0, layer, lengths_ptr, step, KV_B, D, HKV, S, NSPLIT, BLOCK_S, NEW)
     kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
     seen = target
     if WAIT:
@@ -279,7 +280,7 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
     stamp(tr, T_WAITED, seen, TRACE)
     for t in range(t0, t1):
         if t > t0:
-            lo, kv_end, coff, pos, chunk = _split_range(t, layer, lengths_ptr, step, B, D, HKV, S, NSPLIT, BLOCK_S, NEW)
+            lo, kv_end, coff, pos, chunk = _split_range(t, layer, lengths_ptr, step, KV_B, D, HKV, S, NSPLIT, BLOCK_S, NEW)
             kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
         _split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr,
                tickets_ptr, attn_ptr, eps, inv_freq, qn, qn_p, kn, kn_p, D, HQ, HKV, NSPLIT, BLOCK_S, W, D_PAD,
@@ -293,14 +294,14 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
 
 @triton.jit
 def attn_kernel(layer, qkv_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, lengths_ptr, k_cache_ptr, v_cache_ptr,
-                opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr,
+                opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, KV_B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr,
                 HKV: tl.constexpr, S: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
                 D_PAD: tl.constexpr, G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr, KV_STAGES: tl.constexpr,
                 ATTN_NEW: tl.constexpr):
     pid = tl.program_id(0)
     attn_tile(pid, pid + 1, layer, qkv_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, lengths_ptr, step=0,
               kc_ptr=k_cache_ptr, vc_ptr=v_cache_ptr, opart_ptr=opart_ptr, ml_ptr=ml_ptr, tickets_ptr=tickets_ptr,
-              attn_ptr=attn_ptr, eps=eps, cnt_ptr=lengths_ptr, target=0, B=B, D=D, HQ=HQ, HKV=HKV, S=S,
+              attn_ptr=attn_ptr, eps=eps, cnt_ptr=lengths_ptr, target=0, KV_B=KV_B, D=D, HQ=HQ, HKV=HKV, S=S,
               NSPLIT=NSPLIT, BLOCK_S=BLOCK_S, D_PAD=D_PAD, G_PAD=G_PAD, NSPLIT_PAD=NSPLIT_PAD, NSTAGE=KV_STAGES,
               NEW=ATTN_NEW, WAIT=False, SPIN=0, tr=lengths_ptr, TRACE=False)
 

@@ -20,7 +20,7 @@ from scheduler.ops import COUNTER_RESET_STEPS, MAX_BK, WORKERS_PER_SM, Op, Plan,
 
 from . import device as devices
 # HOT_CHUNK, MAX_STEPS_PER_LAUNCH and hot_buffers stay importable from here (bench and tests use them)
-from .buffers import HOT_CHUNK, MAX_STEPS_PER_LAUNCH, StepBuffers, hot_buffers, kernel_args  # noqa: F401
+from .buffers import HOT_CHUNK, MAX_STEPS_PER_LAUNCH, StepBuffers, cache_batch, hot_buffers, kernel_args  # noqa: F401
 
 
 class MegakernelError(RuntimeError):
@@ -69,12 +69,20 @@ def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = N
             import sys
             print(f"warning: the cached tuned plan does not fit this version's tiles ({e}); using the rules' "
                   f"plan (python -m megakernel.tune makes a new one)", file=sys.stderr)
+    plan = with_cache(plan, mk)
     plan = dataclasses.replace(plan, **(overrides or {}))
     # the tiles read the weights' format from their pointers; the plan's byte costs must assume the
     # same one (checked here, on the host: triton-ascend cannot fold a dtype test in the kernel)
     if bool(plan.FP8) != fp8:
         raise ValueError(f"the plan's FP8={plan.FP8} does not match the weights ({mk.weights.quantization or 'not quantized'})")
     return plan
+
+
+def with_cache(plan: Plan, mk) -> Plan:
+    """``plan`` with the layer stride of ``mk``'s KV cache (``Plan.KV_B``): a batch bucket's cache is a
+    view of the first slots of the server's one cache (``runtime.SlotView``), read in place."""
+    kv = cache_batch(mk.cache.k)
+    return plan if kv == plan.B else dataclasses.replace(plan, KV_B=kv)
 
 
 def _check_kernel_device(mk, name):

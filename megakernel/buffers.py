@@ -205,6 +205,10 @@ class StepBuffers:
                 if tuple(t.shape) != tuple(shape) or (b.role != "weight" and t.dtype != dtype):
                     raise ValueError(f"step buffer {b.name}: {tuple(t.shape)} {t.dtype}, the spec says "
                                      f"{tuple(shape)} {dtype}")
+                if b.name in ("k_cache", "v_cache") and cache_batch(t) != plan.kv_batch:
+                    # the kernels address the cache from its base with the plan's layer stride
+                    raise ValueError(f"step buffer {b.name} is a view of a cache of batch {cache_batch(t)}; the "
+                                     f"plan's KV_B says {plan.kv_batch}")
                 out[b.name] = t
             elif b.role == "weight" or (b.role == "scale" and plan.FP8) or b.name in ("tape", "tape_len"):
                 raise ValueError(f"step buffer {b.name} ({b.role}) must be given")
@@ -215,6 +219,19 @@ class StepBuffers:
         inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
         out["inv_freq"].copy_(inv_freq)
         return StepBuffers(out, config.rms_norm_eps, config.rope_theta, num_warps)
+
+
+def cache_batch(k: torch.Tensor) -> int:
+    """The allocated batch of a KV cache ``k`` [L, B, Hkv, S, D], or of a view of its first B slots
+    (``k[:, :B]``): its layer stride in sequences, the plan's ``KV_B``. A ValueError where the
+    kernels cannot address it so: each sequence's [Hkv, S, D] must be contiguous and the layers a
+    whole number of sequences apart."""
+    L, B, Hkv, S, D = k.shape
+    seq = Hkv * S * D
+    if tuple(k.stride()[1:]) != (seq, S * D, D, 1) or k.stride(0) % seq or k.stride(0) // seq < B:
+        raise ValueError(f"a KV cache of shape {tuple(k.shape)} with strides {tuple(k.stride())}: the kernels need "
+                         f"[L, B, Hkv, S, D] contiguous but for the batch (a view of a larger cache's first slots)")
+    return k.stride(0) // seq
 
 
 def _dtype(b: Buffer, act) -> torch.dtype:

@@ -140,7 +140,8 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                NSPLIT_PAD: tl.constexpr, KV_STAGES: tl.constexpr, ATTN_NEW: tl.constexpr, BATCHED: tl.constexpr,
                POOL_O: tl.constexpr, POOL_GU: tl.constexpr, POOL_DOWN: tl.constexpr, POOL_LM: tl.constexpr,
                TP: tl.constexpr, R_AR: tl.constexpr, FP8: tl.constexpr, BATCH_INPUT: tl.constexpr, BT: tl.constexpr, SK_QKV: tl.constexpr,
-               SK_O: tl.constexpr, SK_GU: tl.constexpr, SK_DOWN: tl.constexpr, SAMPLE: tl.constexpr, SPIN: tl.constexpr,
+               SK_O: tl.constexpr, SK_GU: tl.constexpr, SK_DOWN: tl.constexpr, SAMPLE: tl.constexpr,
+               KV_B: tl.constexpr, SPIN: tl.constexpr,
                TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr, SM_PAIRS: tl.constexpr):
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr + pid)
@@ -202,7 +203,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
             elif op == OP_ATTN:
                 seen = attn_tile(t0, t1, layer, qkv_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, lengths_ptr, s,
                                  k_cache_ptr, v_cache_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt, target,
-                                 B, D, HQ, HKV, S, NSPLIT, BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, ATTN_NEW,
+                                 KV_B, D, HQ, HKV, S, NSPLIT, BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, ATTN_NEW,
                                  True, SPIN, tr, TRACE)
             elif op == OP_OPROJ:
                 seen = oproj_tile(t0, t1, layer, attn_ptr, wo_ptr, wo_scale_ptr, x_ptr, cnt, target, B, H, HQ * D, R_O,

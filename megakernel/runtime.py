@@ -16,9 +16,9 @@ batch, slot or steps per launch.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
-
 import random
+import time
+from typing import Callable, Sequence
 
 import torch
 
@@ -27,23 +27,62 @@ from models.qwen3.reference import KVCache, Qwen3Reference
 from models.qwen3.sampling import SEED_BITS, SamplingParams, device_sample_reference, slot_settings
 
 BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph", "reference", "vm")
+# The batches a server compiles (``MegaQwen3(buckets=...)``): each step runs the smallest that
+# holds its sequences, up to the allocated batch
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def bucket_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """``BUCKETS`` below ``max_num_seqs``, and ``max_num_seqs`` itself."""
+    return tuple(n for n in BUCKETS if n < max_num_seqs) + (max_num_seqs,)
+
+
+def check_buckets(buckets, batch_size: int, tp: int = 1) -> tuple[int, ...]:
+    """The sorted bucket sizes, the allocated batch among them; a ValueError for sizes outside
+    1..batch_size, or smaller buckets with tensor parallelism (its symmetric buffers are sized
+    for the whole batch)."""
+    if buckets is None:
+        return (batch_size,)
+    sizes = sorted({int(n) for n in buckets} | {batch_size})
+    if sizes[0] < 1 or sizes[-1] > batch_size:
+        raise ValueError(f"batch buckets {sizes} must lie in 1..{batch_size} (the batch allocated)")
+    if tp > 1 and len(sizes) > 1:
+        raise ValueError("batch buckets smaller than the batch need tp 1: a tensor-parallel step runs the whole batch")
+    return tuple(sizes)
 
 
 class ReferenceBackend:
-    """The torch model, one op at a time (the oracle; also the ``reference`` baseline)."""
+    """The torch model, one op at a time (the oracle; also the ``reference`` baseline).
+    ``steps_per_launch`` > 1 lets one ``decode(k)`` run k greedy steps as the megakernel's launch
+    does (their tokens in ``hist``), so the server's multi-step path runs on the CPU too."""
 
     device_sampling = True      # the torch sampler, on the logits' device
 
-    def __init__(self, mk: "MegaQwen3", **_):
+    def __init__(self, mk: "MegaQwen3", steps_per_launch: int = 1, **_):
+        from .buffers import MAX_STEPS_PER_LAUNCH
+        if not 1 <= steps_per_launch <= MAX_STEPS_PER_LAUNCH:
+            raise ValueError(f"steps_per_launch must be 1 to {MAX_STEPS_PER_LAUNCH}, got {steps_per_launch}")
         self.mk = mk
+        self.max_steps_per_launch = steps_per_launch
+        self.hist = torch.zeros(steps_per_launch, mk.batch_size, dtype=torch.int32, device=mk.tokens.device)
 
-    def decode(self):
+    def decode(self, steps: int = 1):
+        if not 1 <= steps <= self.max_steps_per_launch:
+            raise ValueError(f"reference runs 1 to {self.max_steps_per_launch} steps per launch, not {steps}")
         mk = self.mk
-        mk.logits.copy_(mk.reference.decode(mk.tokens.long()))
-        if mk.sampled_slots():
-            mk.tokens.copy_(mk.sample_reference(mk.cache.lengths))
-        else:
-            mk.tokens.copy_(mk.logits.argmax(-1))
+        for s in range(steps):
+            mk.logits.copy_(mk.reference.decode(mk.tokens.long()))
+            if mk.sampled_slots():
+                mk.tokens.copy_(mk.sample_reference(mk.cache.lengths))
+            else:
+                mk.tokens.copy_(mk.logits.argmax(-1))
+            self.hist[s] = mk.tokens
+
+
+def _launch_tokens(backend, k: int) -> torch.Tensor:
+    """The tokens of the last launch's k steps, int32 [k, B] (a view: the next launch rewrites it)."""
+    hist = backend.st.hist if hasattr(backend, "st") else backend.hist
+    return hist[:k]
 
 
 def _import_backend(name: str, module: str, attr: str):
@@ -59,7 +98,7 @@ def _import_backend(name: str, module: str, attr: str):
 
 def _make_backend(name: str, mk: "MegaQwen3", **options):
     if name == "reference":
-        return ReferenceBackend(mk)
+        return ReferenceBackend(mk, **options)
     if name == "vm":
         return _import_backend(name, "megakernel.vm", "VMBackend")(mk, **options)
     if name in ("megakernel", "superkernel", "per-op", "cuda-graph"):
@@ -120,7 +159,8 @@ class MegaQwen3:
     """
 
     def __init__(self, model, max_seq_len: int = 4096, batch_size: int = 1, backend: str = "megakernel",
-                 plan: str = "auto", fp8_activations: str | None = None, **backend_options):
+                 plan: str = "auto", fp8_activations: str | None = None, buckets: Sequence[int] | None = None,
+                 **backend_options):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
         if max_seq_len < 2:
@@ -181,6 +221,12 @@ class MegaQwen3:
         if self.plan_choice.entry is not None and backend_options.get("plan_overrides"):
             options["plan_overrides"] = {**self.plan_choice.entry.fields, **backend_options["plan_overrides"]}
         self.backend = _make_backend(backend, self, **options)
+        # batch buckets (``step_slots``): smaller batches that step the first slots of this cache
+        self.buckets = check_buckets(buckets, batch_size, self.tp)
+        self.bucket = batch_size       # the batch the last step_slots ran
+        t0 = time.perf_counter()
+        self._views = {n: SlotView(self, n, plan, backend_options) for n in self.buckets if n < batch_size}
+        self.buckets_build_s = time.perf_counter() - t0   # their tapes (and, on a GPU, kernels) built
 
     def __repr__(self) -> str:
         return (f"MegaQwen3({self.model.name!r}, backend={self.backend_name!r}, batch_size={self.batch_size}, "
@@ -231,9 +277,13 @@ class MegaQwen3:
 
     def _sync_sampling(self):
         """The backend runs its sampling plan while any slot samples, its greedy one otherwise."""
-        switch = getattr(self.backend, "set_sampling", None) if hasattr(self, "backend") else None
-        if switch is not None:
-            switch(bool(self.sampled_slots()))
+        on = bool(self.sampled_slots())
+        backends = ([self.backend] if hasattr(self, "backend") else []) + \
+            [v.backend for v in getattr(self, "_views", {}).values()]
+        for be in backends:
+            switch = getattr(be, "set_sampling", None)
+            if switch is not None:
+                switch(on)
 
     def sampled_slots(self) -> list[int]:
         """The slots whose settings sample (temperature > 0)."""
@@ -341,7 +391,7 @@ class MegaQwen3:
             else:
                 self._decode(k)
                 self._lengths = [m + k for m in self._lengths]
-                out.append(self.backend.st.hist[:k].T.long())    # a copy: the next launch rewrites hist
+                out.append(_launch_tokens(self.backend, k).T.long())    # a copy: the next launch rewrites hist
             n -= k
         return torch.cat(out, dim=1)
 
@@ -407,20 +457,52 @@ class MegaQwen3:
 
     # -----------------------------------------------------------------------------------------
     # Per-slot control for continuous batching (megakernel.serve). Each of the batch_size rows
-    # is a slot that holds one sequence or none: a sequence is prefilled into its slot alone,
-    # the whole batch steps together, and a slot is freed without touching the others. An idle
-    # slot is parked at length PARK_LENGTH with token 0: it still runs in the step (the batch is
-    # static) and its output is ignored.
+    # is a slot that holds one sequence or none: sequences are prefilled into their slots (several
+    # in one packed pass), the batch steps together, and a slot is freed without touching the
+    # others. An idle slot is parked at length PARK_LENGTH with token 0: inside the batch that
+    # steps it still runs (its output ignored) and is parked again after the step.
+    #
+    # Batch buckets: with ``buckets``, ``step_slots`` runs the smallest bucket that holds the
+    # highest active slot, a backend of that batch over the first slots of this one cache (a
+    # ``SlotView``: views, no copy). A server keeps its sequences in the lowest slots
+    # (``move_slot``), so the bucket follows the number of sequences.
 
     PARK_LENGTH = 1
 
-    def _prefill_one(self, b: int, ids: torch.Tensor) -> torch.Tensor:
-        """Fill sequence b's cache with ``ids`` from position 0; float32 logits [V] of the last
-        position. The prefill of ``prefill`` run on a one-sequence view of the cache (views share
-        its memory), so the other slots are untouched."""
-        c = self.cache
-        one = KVCache(k=c.k[:, b:b + 1], v=c.v[:, b:b + 1], lengths=c.lengths[b:b + 1])
-        return qwen3_prefill.prefill(self.config, self.weights, one, [ids], reduce=self._reduce)[0]
+    def bucket_for(self, active: Sequence[int]) -> int:
+        """The smallest bucket that holds every slot in ``active``."""
+        top = max(active, default=-1) + 1
+        return next(n for n in self.buckets if n >= top)
+
+    @torch.no_grad()
+    def prefill_slots(self, slots: Sequence[int], prompts: Sequence) -> torch.Tensor:
+        """Prefill each of ``slots`` with its prompt (lists or 1-D tensors of ids) from position 0,
+        all in one packed prefill, and leave every other slot as it is. Sets each slot's length
+        and its pending token (chosen with the slot's settings, ``set_slot_sampling``: the greedy
+        choice by default; ``set_token`` replaces it). Returns float32 logits [len(slots), V] of
+        each prompt's last position."""
+        slots = [int(b) for b in slots]
+        if len(slots) != len(prompts) or not slots:
+            raise ValueError(f"{len(slots)} slots for {len(prompts)} prompts: need one slot a prompt, at least one")
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"slots {slots} repeat a slot")
+        for b in slots:
+            if not 0 <= b < self.batch_size:
+                raise ValueError(f"slot {b} is outside the batch of {self.batch_size}")
+        ids = [torch.as_tensor(p, dtype=torch.long).flatten().cpu() for p in prompts]
+        for b, p in zip(slots, ids):
+            self._check_prompt(f"slot {b}'s prompt", p)
+        logits = qwen3_prefill.prefill(self.config, self.weights, self.cache, ids, reduce=self._reduce,
+                                       slots=slots).float()
+        idx = torch.tensor(slots, device=self.tokens.device)
+        for b, p in zip(slots, ids):
+            self._lengths[b] = p.numel()
+        self.logits[idx] = logits
+        # each slot's first token with its own settings (``set_slot_sampling``; greedy by default),
+        # at the position of its prompt's length
+        positions = torch.tensor([p.numel() for p in ids], dtype=self.cache.lengths.dtype, device=self.tokens.device)
+        self.tokens[idx] = self.sample_reference(positions, idx).to(self.tokens.dtype)
+        return logits
 
     @torch.no_grad()
     def prefill_slot(self, b: int, input_ids) -> torch.Tensor:
@@ -430,14 +512,7 @@ class MegaQwen3:
         ``set_token`` replaces it). Returns float32 logits [V] of the last position."""
         if not 0 <= b < self.batch_size:
             raise ValueError(f"slot {b} is outside the batch of {self.batch_size}")
-        ids = torch.as_tensor(input_ids, dtype=torch.long).flatten().cpu()
-        self._check_prompt(f"slot {b}'s prompt", ids)
-        logits = self._prefill_one(b, ids.to(self.tokens.device)).float()
-        self.cache.lengths[b] = ids.numel()
-        self._lengths[b] = ids.numel()
-        self.logits[b] = logits
-        self.tokens[b] = self.sample_reference(self.cache.lengths[b:b + 1], slice(b, b + 1))[0]
-        return logits
+        return self.prefill_slots([b], [input_ids])[0]
 
     def set_token(self, b: int, token: int | torch.Tensor):
         """Make ``token`` slot b's pending input token (the next step appends it)."""
@@ -451,6 +526,30 @@ class MegaQwen3:
         if not self.slot_sampling[b].greedy:
             self.set_slot_sampling(b, None)
 
+    @torch.no_grad()
+    def move_slot(self, src: int, dst: int):
+        """Move the sequence of slot ``src`` into slot ``dst`` (whose sequence, if any, is
+        forgotten) and park ``src``: its cached keys and values up to its length, its length, its
+        pending token, logits and sampling settings. A server fills the hole a finished sequence leaves with its
+        highest one, so its sequences stay in the lowest slots and a smaller bucket holds them."""
+        for b in (src, dst):
+            if not 0 <= b < self.batch_size:
+                raise ValueError(f"slot {b} is outside the batch of {self.batch_size}")
+        if src == dst:
+            return
+        n = self._lengths[src]
+        c = self.cache
+        c.k[:, dst, :, :n] = c.k[:, src, :, :n]
+        c.v[:, dst, :, :n] = c.v[:, src, :, :n]
+        c.lengths[dst] = c.lengths[src]
+        self.tokens[dst] = self.tokens[src]
+        self.logits[dst] = self.logits[src]
+        self._lengths[dst] = n
+        # its sampling settings too, seed included: its draws go on as they would have in src
+        self._set_sampling(dst, self.slot_sampling[src])
+        self.free_slot(src)
+        self._sync_sampling()
+
     def reset_slots(self):
         """Forget every sequence and park every slot (after a failed step, say); every slot greedy."""
         self.reset()
@@ -460,25 +559,96 @@ class MegaQwen3:
         self.cache.lengths.fill_(self.PARK_LENGTH)
         self._lengths = [self.PARK_LENGTH] * self.batch_size
 
+    def bucket_backend(self, n: int):
+        """The backend that steps bucket ``n``."""
+        return self.backend if n == self.batch_size else self._views[n].backend
+
+    def slot_steps_per_launch(self, n: int | None = None) -> int:
+        """Steps one ``step_slots`` launch may run on bucket ``n`` (default: the allocated batch):
+        the backend's most (64 on the megakernel, 1 on backends that run a step a launch)."""
+        return getattr(self.bucket_backend(self.batch_size if n is None else n), "max_steps_per_launch", 1)
+
     @torch.no_grad()
-    def step_slots(self, active: Sequence[int]) -> torch.Tensor:
-        """One decode step of the whole batch in which only the slots in ``active`` hold
-        sequences; the others are parked again after it. Returns the greedy next tokens,
-        LongTensor [B] on the host (this synchronises); ``self.logits`` holds every slot's logits.
-        Where the backend reports kernel errors late (on a GPU, a step's error is read during
-        the next), it is asked at once, so that a failed step never yields tokens."""
+    def step_slots(self, active: Sequence[int], steps: int = 1, bucket: int | None = None) -> torch.Tensor:
+        """``steps`` decode steps, in one launch, of the smallest bucket that holds the slots in
+        ``active`` (or of ``bucket``); the bucket's other slots run too and are parked again
+        after it, slots past the bucket are not touched (they must be idle). Returns the greedy
+        tokens on the host (this synchronises): LongTensor [B] for one step, [B, steps] for
+        several (slots past the bucket 0); ``self.logits`` holds the bucket's last logits. Where the
+        backend reports kernel errors late (on a GPU, a step's error is read during the next), it
+        is asked at once, so that a failed step never yields tokens. Several steps a launch feed
+        each step's token to the next on the device: the greedy choice, unless the backend
+        samples on the device."""
         active = set(active)
-        full = [b for b in active if self._lengths[b] + 1 > self.max_seq_len]
-        if full:
-            raise ValueError(f"slot {full[0]} is at {self._lengths[full[0]]} of max_seq_len {self.max_seq_len}: "
-                             f"no room for another step")
-        self._decode()
-        check = getattr(self.backend, "synchronize", None)
+        n = self.bucket_for(active) if bucket is None else bucket
+        if n not in self.buckets or (active and max(active) >= n):
+            raise ValueError(f"bucket {n} is not one of {self.buckets} holding slots {sorted(active)}")
+        most = self.slot_steps_per_launch(n)
+        if not 1 <= steps <= most:
+            raise ValueError(f"step_slots runs 1 to {most} steps a launch on this backend, not {steps}")
+        full = [b for b in active if self._lengths[b] + steps > self.max_seq_len]
+        if full or self.PARK_LENGTH + steps > self.max_seq_len:
+            b = full[0] if full else None
+            where = f"slot {b} is at {self._lengths[b]}" if full else f"a parked slot is at {self.PARK_LENGTH}"
+            more = "another step" if steps == 1 else f"{steps} more steps"
+            raise ValueError(f"{where} of max_seq_len {self.max_seq_len}: no room for {more}")
+        view = self if n == self.batch_size else self._views[n]
+        if steps == 1:
+            view._decode()
+        else:
+            view._decode(steps)
+        check = getattr(view.backend, "synchronize", None)
         if check is not None:
             check()
-        self._lengths = [n + 1 if b in active else self.PARK_LENGTH for b, n in enumerate(self._lengths)]
-        if len(active) < self.batch_size:
-            parked = [b for b in range(self.batch_size) if b not in active]
+        self.bucket = n
+        for b in range(n):
+            self._lengths[b] = self._lengths[b] + steps if b in active else self.PARK_LENGTH
+        parked = [b for b in range(n) if b not in active]
+        out = (self.tokens.long().cpu() if steps == 1 else
+               torch.cat((_launch_tokens(view.backend, steps).T.long().cpu(),
+                          torch.zeros(self.batch_size - n, steps, dtype=torch.long))))
+        if parked:
             self.cache.lengths[parked] = self.PARK_LENGTH
             self.tokens[parked] = 0
-        return self.tokens.long().cpu()
+        return out
+
+
+class SlotView:
+    """The first ``n`` slots of a ``MegaQwen3`` as a ``MegaQwen3`` of batch ``n`` that a backend
+    steps: its cache, tokens and logits are views of the runtime's (no copy), its plan the one for
+    batch ``n``. The KV cache view ``k[:, :n]`` is not contiguous: the kernels address it from its
+    base with the cache's own layer stride (``Plan.KV_B``, ``backends.with_cache``); the reference
+    and the prefill index it as any strided tensor."""
+
+    def __init__(self, mk: MegaQwen3, n: int, plan: str, backend_options: dict):
+        from . import plans
+        self.model, self.config, self.weights = mk.model, mk.config, mk.weights
+        self.tp, self.tp_group = mk.tp, mk.tp_group
+        self.backend_name, self.max_seq_len, self.batch_size = mk.backend_name, mk.max_seq_len, n
+        c = mk.cache
+        self.cache = KVCache(k=c.k[:, :n], v=c.v[:, :n], lengths=c.lengths[:n])
+        self.tokens, self.logits = mk.tokens[:n], mk.logits[:n]
+        self.fp8_activations, self.w8a8 = mk.fp8_activations, mk.w8a8
+        self.reference = Qwen3Reference(self.config, self.weights, self.cache, reduce=mk._reduce, w8a8=self.w8a8)
+        self._mk = mk
+        self.sampling_buffers = {k: v[:n] for k, v in mk.sampling_buffers.items()}
+        # a tuned plan where one is cached for this batch (--plan tuned asks it of the full batch only)
+        self.plan_choice = plans.choose("auto" if plan == "tuned" else plan, self.weights.device, self.config,
+                                        self.weights.dtype, n, self.max_seq_len, self.backend_name, mk.model.name,
+                                        tp=self.tp, quant=plans.quant_name(self.weights.quantization, self.w8a8))
+        options = {**self.plan_choice.options(), **backend_options}
+        if self.plan_choice.entry is not None and backend_options.get("plan_overrides"):
+            options["plan_overrides"] = {**self.plan_choice.entry.fields, **backend_options["plan_overrides"]}
+        self.backend = _make_backend(self.backend_name, self, **options)
+
+    def sampled_slots(self) -> list[int]:
+        return [b for b in self._mk.sampled_slots() if b < self.batch_size]
+
+    def sample_reference(self, positions: torch.Tensor, rows=None) -> torch.Tensor:
+        rows = slice(None) if rows is None else rows
+        buf = self.sampling_buffers
+        return device_sample_reference(self.logits[rows], buf["inv_temp"][rows], buf["top_k"][rows],
+                                       buf["top_p"][rows], buf["seed"][rows], positions)
+
+    def _decode(self, *steps):
+        self.backend.decode(*steps)

@@ -423,7 +423,8 @@ class Leader:
     step (the server samples them into ``tokens`` on rank 0), so every rank runs the same steps;
     anything else is this rank's ``MegaQwen3``'s."""
 
-    CALLS = ("prefill_slot", "set_token", "free_slot", "reset_slots", "step_slots", "reset")
+    CALLS = ("prefill_slot", "prefill_slots", "set_token", "free_slot", "move_slot", "reset_slots", "step_slots",
+             "reset")
 
     def __init__(self, mk, group: TPGroup):
         self._mk, self._group = mk, group

@@ -16,7 +16,7 @@ from scheduler.graph import Tape, build_tape
 from scheduler.ops import Op, make_plan
 from scheduler.validate import run_workers, stuck_report, validate
 
-from .backends import step_buffers
+from .backends import step_buffers, with_cache
 
 
 class VMError(RuntimeError):
@@ -40,6 +40,7 @@ class VMBackend:
         workers = num_workers or 1
         plan = replace(make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, tp=getattr(mk, "tp", 1),
                                  fp8=mk.weights.quantization == "fp8"), **(plan_overrides or {}))
+        plan = with_cache(plan, mk)
         self.tape: Tape = build_tape(plan, workers, strategy=strategy, mode=mode)
         self.plan = self.tape.plan      # a superkernel tape's is without pools
         if check:

@@ -138,6 +138,10 @@ class Plan:
     SK_GU: int = 1
     SK_DOWN: int = 1
     SAMPLE: int = 0     # 1: a SAMPLE stage between the LM head and ARGMAX (sampling on the device)
+    # The KV cache's allocated batch, the layer stride of k_cache/v_cache in sequences: a step of
+    # the first B slots of a larger cache (megakernel.serve's batch buckets) reads it in place.
+    # 0: B, a cache of this batch alone. Only attention's addressing depends on it.
+    KV_B: int = 0
 
     def __post_init__(self):
         if self.BATCH_INPUT not in BATCH_INPUTS.values():
@@ -159,6 +163,8 @@ class Plan:
             for name in ("R_QKV", "R_GU", "R_LM"):
                 if not 1 <= getattr(self, name) <= 128:
                     raise ValueError(f"{name}={getattr(self, name)}: a weights-on-M tile holds 1 to 128 rows")
+        if self.KV_B and self.KV_B < self.B:
+            raise ValueError(f"KV_B={self.KV_B}: the KV cache must hold at least the plan's batch B={self.B}")
         if self.ATTN_NEW and self.NSPLIT < 2:
             raise ValueError(f"ATTN_NEW=1 needs NSPLIT >= 2 (split 0 holds the new position, the others the "
                              f"cache), not {self.NSPLIT}: set ATTN_NEW=0 with one split")
@@ -194,8 +200,14 @@ class Plan:
         0 the register tiles, 1 + BATCH_INPUT the batch-on-M tile, 3 + BATCH_INPUT the weights-on-M one."""
         return 0 if not self.BATCHED else 2 * self.BATCHED - 1 + self.BATCH_INPUT
 
+    @property
+    def kv_batch(self) -> int:
+        """Sequences between one layer's KV cache and the next (``KV_B``, or B where 0)."""
+        return self.KV_B or self.B
+
     def constexprs(self) -> dict:
-        return {**asdict(self), "NSPLIT_PAD": self.NSPLIT_PAD, "SCALE_ROWS": self.SCALE_ROWS, "BT": self.BT}
+        return {**asdict(self), "KV_B": self.kv_batch, "NSPLIT_PAD": self.NSPLIT_PAD, "SCALE_ROWS": self.SCALE_ROWS,
+                "BT": self.BT}
 
 
 # Batched plans (batch 2 and up) read each weight once per step for the whole batch

@@ -121,9 +121,9 @@ def serving(folder: Path, step_delay: float = 0.0, **build_kwargs):
     if step_delay:
         step = engine.mk.step_slots
 
-        def slowed(active):
+        def slowed(active, *args, **kwargs):
             time.sleep(step_delay)
-            return step(active)
+            return step(active, *args, **kwargs)
         engine.mk.step_slots = slowed
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
@@ -283,7 +283,8 @@ def test_concurrent_clients_get_their_solo_text(server, monkeypatch):
 
     widths = []
     step = server.engine.mk.step_slots
-    monkeypatch.setattr(server.engine.mk, "step_slots", lambda active: (widths.append(len(active)), step(active))[1])
+    monkeypatch.setattr(server.engine.mk, "step_slots",
+                        lambda active, *a, **k: (widths.append(len(active)), step(active, *a, **k))[1])
 
     async def one(client, i):
         if i % 2:
@@ -476,15 +477,18 @@ def test_kernel_error_fails_requests_in_flight_and_the_server_goes_on(ckpt):
     with serving(ckpt.folder, step_delay=0.03, batch_size=4, max_seq_len=128) as s:
         body = {"prompt": "the cat sat", "max_tokens": 60, "temperature": 0, "ignore_eos": True}
         before = post(s, "/v1/completions", dict(body, max_tokens=8)).json()["choices"][0]["text"]
-        decode = s.engine.mk.backend.decode
         armed = threading.Event()
 
-        def failing():
-            if armed.is_set():
-                armed.clear()
-                raise MegakernelError("megakernel: worker 3 timed out at tape position 7 (a test fault)")
-            return decode()
-        s.engine.mk.backend.decode = failing
+        def failing(decode):
+            def step(*args):
+                if armed.is_set():
+                    armed.clear()
+                    raise MegakernelError("megakernel: worker 3 timed out at tape position 7 (a test fault)")
+                return decode(*args)
+            return step
+        for n in s.engine.buckets:      # whichever batch runs the step
+            backend = s.engine.mk.bucket_backend(n)
+            backend.decode = failing(backend.decode)
 
         results = {}
         t = threading.Thread(target=lambda: results.update(whole=post(s, "/v1/completions", body)))

@@ -1,10 +1,32 @@
-"""Continuous batching over a ``MegaQwen3`` of ``batch_size`` slots, in one background thread.
+"""Continuous batching over a ``MegaQwen3`` of ``max_num_seqs`` slots, in one background thread.
 
 The thread loops: it frees the slots of cancelled sequences, admits queued sequences into free
-slots (each prompt prefilled into its slot alone; while others run, one a turn, so that they wait
-no longer than one prefill), runs one decode step of the whole batch (idle slots run too and are
-ignored: the batch is static), chooses each sequence's token with its own sampling settings,
-and hands the new text to the requests' asyncio queues. A finished sequence frees its slot at once.
+slots, runs one decode launch, chooses each sequence's tokens with its own sampling settings, and
+hands the new text to the requests' asyncio queues. A finished sequence frees its slot at once.
+
+The step fits the load:
+- **Batch buckets.** The runtime is built with batches of 1, 2, 4, ... up to ``max_num_seqs``
+  (``runtime.bucket_sizes``), all over one KV cache; a launch runs the smallest that holds the
+  active sequences. The sequences are kept in the lowest slots: where one finishes below the
+  highest, the highest moves into its hole (``MegaQwen3.move_slot`` copies that one sequence's
+  cached rows, its length and pending token). Compaction was chosen over a slot map read by the
+  step because it leaves the kernels' addressing as it is (a bucket's sequences are its first
+  rows, whose cache a view of the big one is, read with the cache's layer stride, ``Plan.KV_B``)
+  and costs one sequence's KV copy per finish, a fraction of a step at the contexts served.
+- **Several steps a launch.** While no request waits for a free slot and no active sequence can
+  finish by length within k steps, one launch runs k steps (up to the backend's
+  ``steps_per_launch``: 64 on the megakernel) and the k tokens then stream together. k is bounded
+  so that the launch takes at most ``max_launch_ms`` at the bucket's measured step time, which is
+  the longest a request arriving meanwhile waits for admission. A stop string or stop id can
+  end a sequence inside the launch: its tokens past the stop are dropped, as
+  ``MegaQwen3.generate`` drops them. Multi-step launches need every active sequence greedy, or
+  a runtime that samples on the device (``mk.device_sampling``); otherwise sampled sequences draw
+  on the host from each step's logits, one step a launch.
+- **Admission in one pass.** Queued prompts are prefilled together in one packed prefill
+  (``MegaQwen3.prefill_slots``). While others run, one admission prefills at most
+  ``max_batched_tokens`` prompt tokens (at least one prompt), so that the running sequences wait
+  no longer than that prefill between tokens; with none running, it takes as many as there are
+  free slots.
 
 A failed step (a kernel's timed-out wait, ``MegakernelError``, or any other exception) fails the
 requests in flight with a 500 that names the error, resets the batch, and the loop goes on with
@@ -110,12 +132,25 @@ class Sequence:
 
 
 class Engine:
-    def __init__(self, mk, metrics: Metrics, max_queue: int = 256):
+    def __init__(self, mk, metrics: Metrics, max_queue: int = 256, max_launch_ms: float = 20.0,
+                 max_batched_tokens: int = 2048):
+        if max_launch_ms <= 0:
+            raise ValueError(f"max_launch_ms must be positive, got {max_launch_ms}")
+        if max_batched_tokens < 1:
+            raise ValueError(f"max_batched_tokens must be at least 1, got {max_batched_tokens}")
         self.mk = mk
         self.metrics = metrics
         self.max_queue = max_queue
+        self.max_launch_s = max_launch_ms / 1000
+        self.max_batched_tokens = max_batched_tokens
         self.batch_size = mk.batch_size
-        self.slots: list[Sequence | None] = [None] * mk.batch_size
+        self.buckets = tuple(getattr(mk, "buckets", (mk.batch_size,)))
+        # the runtime chooses sampled tokens on the device (set_slot_sampling): no host sampling,
+        # and sampled sequences also get several steps a launch
+        self.device_sampling = bool(getattr(mk, "device_sampling", False))
+        self.step_s: dict[int, float] = {}     # measured seconds a decode step takes, per bucket
+        self.last_steps = 0                     # steps of the last launch
+        self.slots: list[Sequence | None] = [None] * mk.batch_size    # occupied: the first count
         self.queue: deque[Sequence] = deque()
         self.cv = threading.Condition()
         self.thread: threading.Thread | None = None
@@ -131,11 +166,19 @@ class Engine:
     def running(self) -> bool:
         return self.thread is not None and self.thread.is_alive() and not self.stopping
 
+    @property
+    def count(self) -> int:
+        """Sequences holding slots: slots 0 .. count - 1 (compaction keeps them the lowest)."""
+        return next((b for b, s in enumerate(self.slots) if s is None), self.batch_size)
+
     def status(self) -> dict:
         mk = self.mk
         dev = self.device
         return {"running": sum(s is not None for s in self.slots), "queued": len(self.queue),
-                "batch_size": self.batch_size, "max_queue": self.max_queue,
+                "batch_size": self.batch_size, "max_num_seqs": self.batch_size, "max_queue": self.max_queue,
+                # the compiled batches, the one the last launch ran, and its steps
+                "buckets": list(self.buckets), "bucket": getattr(mk, "bucket", self.batch_size),
+                "steps_per_launch": self.last_steps, "max_launch_ms": self.max_launch_s * 1000,
                 # what a load generator records beside its figures (``loadtest --record``)
                 "backend": getattr(mk, "backend_name", None), "max_seq_len": getattr(mk, "max_seq_len", None),
                 "dtype": str(mk.weights.dtype).removeprefix("torch.") if hasattr(mk, "weights") else None,
@@ -166,14 +209,29 @@ class Engine:
 
     def start(self, warmup: bool = True):
         self.mk.reset_slots()
-        if warmup:   # compiles the kernels (on a GPU, the first step's launch) before serving
-            t0 = time.perf_counter()
-            self.mk.prefill_slot(0, [0])
-            self.mk.step_slots([0])
-            self.mk.reset_slots()
-            log.info("warm-up step done in %.1f s", time.perf_counter() - t0)
+        if warmup:
+            self.warm_up()
         self.thread = threading.Thread(target=self._loop, name="megakernel-engine", daemon=True)
         self.thread.start()
+
+    def warm_up(self):
+        """Run the prefill and a step of every bucket before serving: on a GPU the first launch of
+        each compiles its kernels (its tape was built with the runtime). The second step of each
+        gives its step time, which bounds the first multi-step launches (``max_launch_ms``)."""
+        mk = self.mk
+        t0 = time.perf_counter()
+        mk.prefill_slots([0], [[0]])
+        mk.reset_slots()
+        for n in self.buckets:
+            mk.step_slots([], bucket=n)     # every slot parked: only the time matters
+            t = time.perf_counter()
+            mk.step_slots([], bucket=n)
+            self.step_s[n] = time.perf_counter() - t
+        mk.reset_slots()
+        built = getattr(mk, "buckets_build_s", 0.0)
+        log.info("batch buckets %s compiled and warmed up in %.1f s; a step takes %s ms (short context)",
+                 ", ".join(map(str, self.buckets)), built + time.perf_counter() - t0,
+                 ", ".join(f"{n}: {self.step_s[n] * 1e3:.2f}" for n in self.buckets))
 
     def stop(self, timeout: float = 30.0):
         with self.cv:
@@ -203,10 +261,10 @@ class Engine:
         if self._cancels:
             self._drop_cancelled()
         self._admit(events)
-        active = [b for b, s in enumerate(self.slots) if s is not None]
-        self.metrics.running.set(len(active))
-        if active:
-            self._decode(active, events)
+        n = self.count
+        self.metrics.running.set(n)
+        if n:
+            self._decode(n, events)
 
     def _drop_cancelled(self):
         with self.cv:
@@ -215,10 +273,9 @@ class Engine:
             dropped = {s.req for s in self.queue if s.req.cancelled}
             self.queue = deque(kept)
             self.metrics.queue_depth.set(len(self.queue))
-        for s in self.slots:
-            if s is not None and s.req.cancelled:
-                dropped.add(s.req)
-                self._free(s)
+        for s in [s for s in self.slots if s is not None and s.req.cancelled]:    # _free moves slots
+            dropped.add(s.req)
+            self._free(s)
         for req in dropped:
             if not req.done:
                 req.done = True
@@ -227,58 +284,144 @@ class Engine:
                          req.completion_tokens)
 
     def _admit(self, events: list):
-        # With others running, one prompt a turn: they wait for at most one prefill between tokens.
-        budget = self.batch_size if not any(self.slots) else 1
-        while budget:
-            free = [b for b, s in enumerate(self.slots) if s is None]
-            if not free:
-                return
-            with self.cv:
-                if not self.queue:
-                    return
-                seq = self.queue.popleft()
-                self.metrics.queue_depth.set(len(self.queue))
-            req = seq.req
-            if req.done or req.cancelled:
+        """Prefill queued sequences into the free slots above the running ones, in one packed
+        prefill; with others running, at most ``max_batched_tokens`` prompt tokens (one prompt at
+        least)."""
+        first = self.count
+        free = self.batch_size - first
+        running = first > 0
+        batch, tokens = [], 0
+        with self.cv:
+            while self.queue and len(batch) < free:
+                seq = self.queue[0]
+                if seq.req.done or seq.req.cancelled:
+                    self.queue.popleft()
+                    continue
+                n = len(seq.prompt_ids)
+                if running and batch and tokens + n > self.max_batched_tokens:
+                    break
+                self.queue.popleft()
+                batch.append(seq)
+                tokens += n
+            self.metrics.queue_depth.set(len(self.queue))
+        if not batch:
+            return
+        slots = list(range(first, first + len(batch)))
+        try:
+            chosen = self._prefill(batch, slots)
+        except Exception as e:
+            if len(batch) == 1:
+                chosen = [self._prefill_failed(batch[0], slots[0], e, events)]
+            else:   # one at a time, so that a prompt that fails fails only its own request
+                chosen = []
+                for seq, b in zip(batch, slots):
+                    try:
+                        chosen.append(self._prefill([seq], [b])[0])
+                    except Exception as e1:
+                        chosen.append(self._prefill_failed(seq, b, e1, events))
+        now = time.perf_counter()
+        placed = []
+        for seq, b, token in zip(batch, slots, chosen):
+            if token is None:
                 continue
-            b = free[0]
-            sp = req.params.sampling
-            try:
-                logits = self.mk.prefill_slot(b, seq.prompt_ids)
-                if not sp.greedy:
-                    if sp.seed is not None:
-                        # seeded by its place among its prompt's choices, so that a prompt of a
-                        # list draws what it draws when sent alone
-                        seq.generator = torch.Generator(device=self.device).manual_seed(sp.seed + seq.choice)
-                    token = int(sample(logits[None], sp, seq.generator))
-                else:
-                    token = int(logits.argmax())
-            except Exception as e:
+            if seq.req.done:     # another of its request's prompts failed after it was prefilled
                 self.mk.free_slot(b)
-                self.metrics.engine_errors.inc()
-                log.exception("prefill of request %d failed", req.id)
-                self._fail(req, Failure(500, f"prefill failed: {_describe(e)}"), events)
                 continue
             if seq.choice == 0:
                 self.metrics.prompt_tokens.inc(len(seq.prompt_ids))
             seq.slot = b
             self.slots[b] = seq
-            self._accept(seq, token, time.perf_counter(), events)
-            if seq.slot is not None:
-                self.mk.set_token(b, token)
-            budget -= 1
+            placed.append((seq, token))
+        # a failed prefill left a hole among the new slots: close it before anything steps
+        self._compact()
+        for seq, token in placed:
+            self._accept(seq, [token], now, events)
 
-    def _decode(self, active: list[int], events: list):
+    def _prefill(self, batch: list[Sequence], slots: list[int]) -> list[int]:
+        """Prefill ``batch`` into ``slots``; each sequence's first token (also its slot's pending one)."""
+        mk = self.mk
+        if self.device_sampling:     # the first token too is chosen on the device, with its settings
+            for seq, b in zip(batch, slots):
+                mk.set_slot_sampling(b, self._device_params(seq))
+        logits = mk.prefill_slots(slots, [seq.prompt_ids for seq in batch])
+        if self.device_sampling:
+            return mk.tokens[torch.tensor(slots, device=mk.tokens.device)].tolist()
+        out = []
+        for i, (seq, b) in enumerate(zip(batch, slots)):
+            sp = seq.req.params.sampling
+            if sp.greedy:
+                out.append(int(logits[i].argmax()))
+                continue
+            if sp.seed is not None:
+                # seeded by its place among its prompt's choices, so that a prompt of a list draws
+                # what it draws when sent alone
+                seq.generator = torch.Generator(device=self.device).manual_seed(sp.seed + seq.choice)
+            token = int(sample(logits[i:i + 1], sp, seq.generator))
+            mk.set_token(b, token)
+            out.append(token)
+        return out
+
+    def _prefill_failed(self, seq: Sequence, b: int, e: Exception, events: list) -> None:
+        self.mk.free_slot(b)
+        self.metrics.engine_errors.inc()
+        log.error("prefill of request %d failed: %s", seq.req.id, _describe(e), exc_info=e)
+        self._fail(seq.req, Failure(500, f"prefill failed: {_describe(e)}"), events)
+        return None
+
+    @staticmethod
+    def _device_params(seq: Sequence) -> SamplingParams:
+        """A sequence's settings for the device's sampler: its seed offset by its place among its
+        prompt's choices, as the host's generator is."""
+        sp = seq.req.params.sampling
+        return SamplingParams(sp.temperature, sp.top_k, sp.top_p, None if sp.seed is None else sp.seed + seq.choice)
+
+    def _launch_steps(self, n: int) -> int:
+        """Steps the next launch runs for the n active sequences (module doc)."""
+        mk = self.mk
+        bucket = mk.bucket_for(range(n)) if hasattr(mk, "bucket_for") else self.batch_size
+        most = mk.slot_steps_per_launch(bucket) if hasattr(mk, "slot_steps_per_launch") else 1
+        if most <= 1:
+            return 1
+        with self.cv:
+            if self.queue and n < self.batch_size:
+                return 1        # someone waits for a free slot: admit at the next turn
+        seqs = self.slots[:n]
+        if not self.device_sampling and not all(s.req.params.sampling.greedy for s in seqs):
+            return 1
+        k = min(most, min(s.req.params.max_tokens - len(s.out_ids) for s in seqs),
+                mk.max_seq_len - mk.PARK_LENGTH)
+        step = self.step_s.get(bucket)
+        if step:
+            k = min(k, int(self.max_launch_s / step + 1e-6))
+        return max(1, k)
+
+    def _decode(self, n: int, events: list):
+        mk = self.mk
+        k = self._launch_steps(n)
+        seqs = self.slots[:n]
         t0 = time.perf_counter()
-        tokens = self.mk.step_slots(active).tolist()
-        sampled = [b for b in active if not self.slots[b].req.params.sampling.greedy]
-        if sampled:   # their greedy choices give way to a draw under their own settings
-            for b, t in self._sample(sampled).items():
-                tokens[b] = t
+        active = list(range(n))      # the lowest slots (compaction)
+        tokens = mk.step_slots(active, steps=k) if k > 1 else mk.step_slots(active)
+        rows = tokens[:n].tolist()
+        if k == 1:
+            rows = [[t] for t in rows]
+            sampled = [b for b in range(n) if not seqs[b].req.params.sampling.greedy]
+            if sampled and not self.device_sampling:   # their greedy choices give way to a host draw
+                for b, t in self._sample(sampled).items():
+                    rows[b] = [t]
         now = time.perf_counter()
-        self.metrics.step.observe(now - t0)
-        for b in active:
-            self._accept(self.slots[b], tokens[b], now, events)
+        bucket = getattr(mk, "bucket", self.batch_size)
+        per_step = (now - t0) / k
+        # the bucket's step time, followed as contexts grow (it bounds the next launches)
+        old = self.step_s.get(bucket)
+        self.step_s[bucket] = per_step if old is None else 0.8 * old + 0.2 * per_step
+        self.last_steps = k
+        m = self.metrics
+        m.step.observe(per_step)
+        m.bucket.set(bucket)
+        m.launch_steps.set(k)
+        for seq, row in zip(seqs, rows):     # by sequence: a finish below moves slots
+            self._accept(seq, row, now, events)
 
     def _sample(self, slots: list[int]) -> dict[int, int]:
         """Each slot's token under its own settings. Unseeded slots that share settings are sampled
@@ -303,40 +446,46 @@ class Engine:
         self.mk.tokens[torch.tensor(order, device=logits.device)] = values.to(self.mk.tokens.dtype)
         return dict(zip(order, values.tolist()))
 
-    def _accept(self, seq: Sequence, token: int, now: float, events: list):
-        """Take ``token`` as the sequence's next; hand out the text it completes; retire the
-        sequence where it ends."""
+    def _accept(self, seq: Sequence, tokens: list[int], now: float, events: list):
+        """Take ``tokens`` (one launch's, in order) as the sequence's next; hand out the text they
+        complete in one event; retire the sequence where it ends (tokens past its end are dropped)."""
         req, p = seq.req, seq.req.params
         m = self.metrics
-        m.generation_tokens.inc()
-        if seq.out_ids:
-            m.itl.observe(now - seq.last_time)
-        else:
-            m.ttft.observe(now - req.arrival)
-        seq.last_time = now
-        seq.out_ids.append(token)
+        if seq.finish_reason:
+            return
+        gap = (now - seq.last_time) / len(tokens)    # a launch's tokens share its time
+        taken = []
         finish = None
-        if token in p.stop_ids:
-            piece, finish = "", "stop"
-        else:
-            piece = seq.detok.add(token)
-            if len(seq.out_ids) >= p.max_tokens:
-                finish = "length"
-        if finish:
-            piece += seq.detok.flush()
-        seq.text += piece
-        if p.stop:
-            # a stop string may begin in text held back at the previous token
-            longest = max(map(len, p.stop))
-            start = max(0, seq.sent - longest + 1)
-            hits = [i for i in (seq.text.find(s, start) for s in p.stop) if i >= 0]
-            if hits:
-                seq.text, finish = seq.text[:min(hits)], "stop"
-            hold = 0 if finish else longest - 1   # what could still become a stop string
-        else:
-            hold = 0
+        longest = max(map(len, p.stop)) if p.stop else 0
+        for token in tokens:
+            m.generation_tokens.inc()
+            if seq.out_ids:
+                m.itl.observe(gap)
+            else:
+                m.ttft.observe(now - req.arrival)
+            seq.out_ids.append(token)
+            taken.append(token)
+            if token in p.stop_ids:
+                piece, finish = "", "stop"
+            else:
+                piece = seq.detok.add(token)
+                if len(seq.out_ids) >= p.max_tokens:
+                    finish = "length"
+            if finish:
+                piece += seq.detok.flush()
+            seq.text += piece
+            if p.stop:
+                # a stop string may begin in text held back at an earlier token
+                start = max(0, seq.sent - longest + 1)
+                hits = [i for i in (seq.text.find(s, start) for s in p.stop) if i >= 0]
+                if hits:
+                    seq.text, finish = seq.text[:min(hits)], "stop"
+            if finish:
+                break
+        seq.last_time = now
+        hold = 0 if finish else max(0, longest - 1)   # what could still become a stop string
         end = max(seq.sent, len(seq.text) - hold)
-        events.append((req, Delta(seq.index, seq.text[seq.sent:end], [token], finish)))
+        events.append((req, Delta(seq.index, seq.text[seq.sent:end], taken, finish)))
         seq.sent = end
         if finish:
             seq.finish_reason = finish
@@ -350,10 +499,27 @@ class Engine:
                          ",".join(s.finish_reason for s in req.seqs))
 
     def _free(self, seq: Sequence):
-        if seq.slot is not None:
-            self.mk.free_slot(seq.slot)
-            self.slots[seq.slot] = None
-            seq.slot = None
+        """Free the sequence's slot; the highest sequence moves into it (compaction)."""
+        b = seq.slot
+        if b is None:
+            return
+        seq.slot = None
+        self.slots[b] = None
+        self.mk.free_slot(b)
+        self._compact()
+
+    def _compact(self):
+        """Move the highest sequences into the holes below them, so that the sequences hold the
+        lowest slots and the smallest bucket holds them."""
+        while True:
+            hole = next((b for b, s in enumerate(self.slots) if s is None), None)
+            top = next((b for b in range(self.batch_size - 1, -1, -1) if self.slots[b] is not None), None)
+            if hole is None or top is None or top < hole:
+                return
+            seq = self.slots[top]
+            self.mk.move_slot(top, hole)
+            self.slots[hole], self.slots[top] = seq, None
+            seq.slot = hole     # (move_slot carries its sampling settings, seed included)
 
     def _fail(self, req: Request, failure: Failure, events: list):
         for s in req.seqs:
@@ -370,7 +536,12 @@ class Engine:
                   _describe(e))
         failure = Failure(500, f"the decode step failed: {_describe(e)}. The batch was reset; the request "
                                f"may be retried")
-        for req in {s.req for s in self.slots if s is not None}:
+        failed = {s.req for s in self.slots if s is not None}
+        for s in self.slots:     # no compaction on a device in an unknown state: the reset parks all
+            if s is not None:
+                s.slot = None
+        self.slots = [None] * self.batch_size
+        for req in failed:
             self._fail(req, failure, events)
         try:
             self.mk.reset_slots()

@@ -23,7 +23,11 @@ class Metrics:
         self.generation_tokens = Counter("megakernel_generation_tokens", "Tokens generated", registry=r)
         self.queue_depth = Gauge("megakernel_queue_depth", "Sequences waiting for a slot", registry=r)
         self.running = Gauge("megakernel_running_sequences", "Sequences holding a slot of the batch", registry=r)
-        Gauge("megakernel_batch_slots", "Slots of the running batch", registry=r).set(batch_size)
+        Gauge("megakernel_batch_slots", "Slots of the running batch (--max-num-seqs)", registry=r).set(batch_size)
+        self.bucket = Gauge("megakernel_batch_bucket", "The compiled batch the last decode launch ran: the "
+                            "smallest that holds the running sequences", registry=r)
+        self.launch_steps = Gauge("megakernel_steps_per_launch", "Decode steps the last launch ran (several "
+                                  "while nobody waits for a slot)", registry=r)
         Gauge("megakernel_queue_limit", "Sequences the queue holds before answering 503", registry=r).set(max_queue)
         self.engine_errors = Counter("megakernel_engine_errors", "Failed decode steps or prefills (each "
                                      "failed the requests in flight and reset the batch)", registry=r)
@@ -31,8 +35,9 @@ class Metrics:
                               "first token", buckets=TTFT_BUCKETS, registry=r)
         self.itl = Histogram("megakernel_inter_token_latency_seconds", "Between successive tokens of a "
                              "sequence", buckets=LATENCY_BUCKETS, registry=r)
-        self.step = Histogram("megakernel_decode_step_seconds", "One decode step of the whole batch, "
-                              "sampling included", buckets=LATENCY_BUCKETS, registry=r)
+        self.step = Histogram("megakernel_decode_step_seconds", "One decode step of the running bucket, "
+                              "sampling included (a launch of several steps: its time over its steps)",
+                              buckets=LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("megakernel_request_latency_seconds", "From a request's arrival to its last "
                              "token", buckets=TTFT_BUCKETS, registry=r)
         for outcome in ("ok", "cancelled", "error", "bad_request", "rejected"):

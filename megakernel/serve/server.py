@@ -1,6 +1,10 @@
 """``python -m megakernel.serve``: an OpenAI-compatible server over continuous batching.
 
-    python -m megakernel.serve --model 0.6b --batch-size 16 --port 8000
+    python -m megakernel.serve --model 0.6b --port 8000
+
+Each decode launch runs the smallest compiled batch (1, 2, 4, ... up to ``--max-num-seqs``) that
+holds the running sequences, several steps a launch while nobody waits; prompts that arrive
+together are prefilled in one pass (``megakernel.serve.engine``).
 
 A mistake in the command line or the model (an unknown size, a damaged checkpoint, a port in use)
 ends with one line ``error: ...`` on stderr and exit status 2, before the model is loaded where
@@ -19,10 +23,21 @@ from pathlib import Path
 
 from megakernel import cli
 from megakernel.cli import UsageError
+from megakernel.runtime import BUCKETS
+from scheduler.ops import MAX_BATCH
 
 log = logging.getLogger("megakernel.serve")
 
 NEEDS = ("fastapi", "uvicorn", "prometheus_client", "transformers")
+
+
+DEFAULT_MAX_NUM_SEQS = 64     # the largest bucket of runtime.BUCKETS
+CPU_MAX_NUM_SEQS = 8          # the interpreter's steps take seconds: a small batch
+TP_MAX_NUM_SEQS = 16          # every rank must agree without measuring its memory
+# Memory the default --max-num-seqs leaves free beside the KV cache: the prefill's activations
+# (models.qwen3.prefill.PREFILL_ACT_BYTES), the step's scratch and the allocator's slack
+KV_RESERVE_BYTES = 3 << 30
+KV_FREE_FRACTION = 0.9
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -33,9 +48,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--random-weights", action="store_true",
                    help="deterministic random weights of the model's shapes (no tokenizer: prompts are token ids)")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
-    p.add_argument("--batch-size", type=int, default=16, help="slots of the running batch")
+    p.add_argument("--max-num-seqs", "--batch-size", dest="max_num_seqs", type=cli.at_least(1), default=None,
+                   help="sequences decoded at once, the slots of the KV cache (vLLM's name; --batch-size is an "
+                        f"alias). Batches of {', '.join(map(str, BUCKETS))} up to it are compiled, each launch "
+                        f"running the smallest that holds the sequences (default: as many as the GPU's free memory "
+                        f"holds at --max-seq-len, at most {DEFAULT_MAX_NUM_SEQS}; {CPU_MAX_NUM_SEQS} on the CPU; "
+                        f"{TP_MAX_NUM_SEQS} with --tp)")
     p.add_argument("--max-seq-len", type=int, default=4096,
                    help="context of each slot: prompt plus completion tokens")
+    p.add_argument("--max-launch-ms", type=cli.number, default=20.0,
+                   help="longest a decode launch of several steps may take (at the measured step time): the "
+                        "longest a new request waits for admission while others decode")
+    p.add_argument("--max-num-batched-tokens", type=cli.at_least(1), default=2048,
+                   help="prompt tokens one packed admission prefills while other sequences decode (they wait "
+                        "for it between tokens); at least one prompt is admitted whatever its length")
     p.add_argument("--max-queue", type=int, default=256,
                    help="sequences that may wait for a slot; past that, requests get a 503")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
@@ -49,12 +75,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plan", choices=("auto", "rules", "tuned"), default="auto",
                    help="the kernels' tile plan: tuned (python -m megakernel.tune's cache), rules, or auto (tuned "
                         "where cached for this device, model, batch and max_seq_len)")
+    p.add_argument("--fp8-activations", choices=("dynamic", "none"), default=None,
+                   help="FP8 checkpoints: how the projections take their inputs: dynamic (w8a8: e4m3 per 128 "
+                        "values, quantized at run time, the scheme Qwen's FP8 checkpoints declare; the default) or "
+                        "none (weight-only FP8)")
     p.add_argument("--log-prompts", action="store_true", help="log prompt text")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="the server's and uvicorn's logging")
     args = p.parse_args(argv)
-    if args.batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.max_num_seqs is not None and args.max_num_seqs > MAX_BATCH:
+        raise UsageError(f"--max-num-seqs must be at most {MAX_BATCH} (the kernels' largest batch), got "
+                         f"{args.max_num_seqs}")
+    if not args.max_launch_ms > 0:
+        raise UsageError(f"--max-launch-ms must be positive, got {args.max_launch_ms}")
     if args.max_seq_len < 2:
         raise UsageError(f"--max-seq-len must be at least 2, got {args.max_seq_len}")
     if args.max_queue < 1:
@@ -105,13 +138,39 @@ def sampling_defaults(folder: Path | None) -> dict:
     return {k: cfg[k] for k in ("temperature", "top_p", "top_k") if cfg.get(k) is not None}
 
 
-def build(model, *, batch_size: int = 16, max_seq_len: int = 4096, max_queue: int = 256, backend: str | None = None,
-          name: str | None = None, log_prompts: bool = False, warmup: bool = True, plan: str = "auto"):
-    """The FastAPI app and its running engine for a loaded ``Qwen3Model`` (megakernel.load_model)."""
+def default_max_num_seqs(model, max_seq_len: int) -> int:
+    """Sequences whose KV cache at ``max_seq_len`` the GPU's free memory holds beside
+    ``KV_RESERVE_BYTES`` (at most ``DEFAULT_MAX_NUM_SEQS``); ``CPU_MAX_NUM_SEQS`` off CUDA,
+    ``TP_MAX_NUM_SEQS`` with tensor parallelism. A MemoryError where not even one fits."""
+    import torch
+    if model.tp > 1:
+        return TP_MAX_NUM_SEQS
+    dev = model.device
+    if dev.type != "cuda":
+        return CPU_MAX_NUM_SEQS
+    free, _ = torch.cuda.mem_get_info(dev)
+    per_seq = model.config.kv_bytes_per_position(model.dtype.itemsize) * max_seq_len
+    fits = int((free * KV_FREE_FRACTION - KV_RESERVE_BYTES) // per_seq)
+    if fits < 1:
+        gib = 1024 ** 3
+        raise MemoryError(f"the KV cache of one sequence of --max-seq-len {max_seq_len} ({per_seq / gib:.2f} GiB) "
+                          f"does not fit in the {free / gib:.1f} GiB free on {torch.cuda.get_device_name(dev)} beside "
+                          f"{KV_RESERVE_BYTES / gib:.0f} GiB for activations; use a smaller --max-seq-len")
+    return min(DEFAULT_MAX_NUM_SEQS, fits)
+
+
+def build(model, *, batch_size: int | None = None, max_seq_len: int = 4096, max_queue: int = 256,
+          backend: str | None = None, name: str | None = None, log_prompts: bool = False, warmup: bool = True,
+          plan: str = "auto", max_launch_ms: float = 20.0, max_batched_tokens: int = 2048, buckets: bool = True,
+          backend_options: dict | None = None, fp8_activations: str | None = None):
+    """The FastAPI app and its running engine for a loaded ``Qwen3Model`` (megakernel.load_model).
+    ``batch_size``: --max-num-seqs (default ``default_max_num_seqs``); ``buckets``: compile the
+    smaller batches too (``runtime.bucket_sizes``; tensor parallelism runs the whole batch);
+    ``backend_options``: the runtime's backend's (tests)."""
     from models.qwen3.tokenizer import stop_token_ids
 
     from megakernel.generate import default_backend
-    from megakernel.runtime import MegaQwen3
+    from megakernel.runtime import MegaQwen3, bucket_sizes
 
     from .api import ServerConfig, create_app
     from .engine import Engine
@@ -123,12 +182,16 @@ def build(model, *, batch_size: int = 16, max_seq_len: int = 4096, max_queue: in
                           stop_ids=frozenset(stop_token_ids(model.checkpoint, model.config)),
                           defaults=sampling_defaults(model.checkpoint), log_prompts=log_prompts)
     backend = backend or default_backend(model.device)
-    mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=batch_size, backend=backend, plan=plan)
+    batch_size = batch_size or default_max_num_seqs(model, max_seq_len)
+    sizes = bucket_sizes(batch_size) if buckets and model.tp == 1 else None
+    mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=batch_size, backend=backend, plan=plan, buckets=sizes,
+                   fp8_activations=fp8_activations, **(backend_options or {}))
     if mk.tp > 1:       # rank 0 of a tensor-parallel run: the other ranks repeat its calls (tp.follow)
         from megakernel import tp as tp_mod
         mk = tp_mod.Leader(mk, mk.tp_group)
     metrics = Metrics(batch_size, max_queue)
-    engine = Engine(mk, metrics, max_queue=max_queue)
+    engine = Engine(mk, metrics, max_queue=max_queue, max_launch_ms=max_launch_ms,
+                    max_batched_tokens=max_batched_tokens)
     engine.start(warmup=warmup)
     app = create_app(engine, codec, config, metrics)
     return app, engine, config, codec
@@ -175,13 +238,17 @@ def main(argv=None) -> int:
         if follower:
             from megakernel.generate import default_backend
             from megakernel.runtime import MegaQwen3
-            mk = MegaQwen3(model, max_seq_len=args.max_seq_len, batch_size=args.batch_size,
-                           backend=args.backend or default_backend(dev), plan=args.plan)
+            mk = MegaQwen3(model, max_seq_len=args.max_seq_len,
+                           batch_size=args.max_num_seqs or default_max_num_seqs(model, args.max_seq_len),
+                           backend=args.backend or default_backend(dev), plan=args.plan,
+                           fp8_activations=args.fp8_activations)
             return tp_mod.follow(mk, tp_mod.current())
-        app, engine, config, codec = build(model, batch_size=args.batch_size, max_seq_len=args.max_seq_len,
+        app, engine, config, codec = build(model, batch_size=args.max_num_seqs, max_seq_len=args.max_seq_len,
                                            max_queue=args.max_queue, backend=args.backend,
                                            name=args.served_model_name or args.model, log_prompts=args.log_prompts,
-                                           plan=args.plan)
+                                           plan=args.plan, max_launch_ms=args.max_launch_ms,
+                                           max_batched_tokens=args.max_num_batched_tokens,
+                                           fp8_activations=args.fp8_activations)
     except (UsageError, ValueError, OSError, RuntimeError, MemoryError) as e:
         # ValueError covers CheckpointError and bad settings; RuntimeError an absent device or backend
         if sock is not None:
@@ -189,8 +256,14 @@ def main(argv=None) -> int:
         print(f"error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
         return 2
     host, port = sock.getsockname()[:2]
-    log.info("serving %s (%s, %s) on http://%s:%d: batch %d, max_seq_len %d, backend %s, plan: %s, %s; ready in "
-             "%.1f s", config.model_name, model.dtype, model.device, host, port, args.batch_size, args.max_seq_len,
+    seqs = engine.batch_size
+    kv_gib = model.config.kv_bytes_per_position(model.dtype.itemsize) * seqs * args.max_seq_len / 1024 ** 3
+    log.info("serving %s (%s, %s) on http://%s:%d: %d sequences at once (--max-num-seqs%s), a KV cache of %d "
+             "tokens (%d x %d, %.2f GiB), batches %s, max_seq_len %d, backend %s, plan: %s, %s; ready in %.1f s",
+             config.model_name, model.dtype, model.device, host, port, seqs,
+             "" if args.max_num_seqs else ": what memory holds" if model.device.type == "cuda" and args.tp == 1
+             else ": the default", seqs * args.max_seq_len, seqs, args.max_seq_len, kv_gib,
+             ", ".join(map(str, engine.buckets)), args.max_seq_len,
              engine.mk.backend_name, engine.mk.plan_choice.label, "text and chat" if codec.has_chat_template else
              "text" if codec.has_text else "token ids only (no tokenizer)", time.perf_counter() - t0)
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))

@@ -112,17 +112,26 @@ def _layer_weights(w: Qwen3Weights, name: str, transposed: bool = False):
 
 @torch.no_grad()
 def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence,
-            chunk_size: int | None = None, reduce=None) -> torch.Tensor:
+            chunk_size: int | None = None, reduce=None, slots: Sequence[int] | None = None) -> torch.Tensor:
     """Prefill sequence b of ``cache`` with ``prompts[b]`` (1-D token ids) from position 0, in
     chunks of at most ``chunk_size`` tokens (default ``default_chunk``); sets ``cache.lengths``.
     Returns float32 logits [B, vocab] of each prompt's last position. ``reduce``: with tensor
     parallelism (``cfg`` and ``w`` one rank's share, ``tp.py``), the in-place sum over the ranks
-    of the O and down projections' partial sums, before their residual adds."""
+    of the O and down projections' partial sums, before their residual adds. ``slots``: prompt i
+    goes into the cache's sequence ``slots[i]`` instead (the others are left as they are), so a
+    server admits several prompts into a running batch in one pass."""
     chunk_size = default_chunk(cfg, w.dtype) if chunk_size is None else chunk_size
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-    if len(prompts) != cache.batch_size:
-        raise ValueError(f"got {len(prompts)} prompts for a batch of {cache.batch_size}")
+    if slots is None:
+        if len(prompts) != cache.batch_size:
+            raise ValueError(f"got {len(prompts)} prompts for a batch of {cache.batch_size}")
+        slots = range(len(prompts))
+    slots = [int(b) for b in slots]
+    if len(slots) != len(prompts) or len(set(slots)) != len(slots) or \
+            not all(0 <= b < cache.batch_size for b in slots):
+        raise ValueError(f"slots {slots} for {len(prompts)} prompts: need one distinct slot of the batch of "
+                         f"{cache.batch_size} each")
     ids = [torch.as_tensor(p).cpu() for p in prompts]
     for b, p in enumerate(ids):
         if p.dim() != 1 or p.numel() == 0 or p.is_floating_point() or p.is_complex():
@@ -136,8 +145,9 @@ def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence
     dev = w.device
     lengths = [p.numel() for p in ids]
     # One upload for the whole batch, packed: token ids, positions, and each token's sequence.
+    # (seqs: each token's sequence in the cache, its slot)
     packed = torch.stack((torch.cat(ids).long(), torch.cat([torch.arange(n) for n in lengths]),
-                          torch.arange(len(ids)).repeat_interleave(torch.tensor(lengths)))).to(dev)
+                          torch.tensor(slots).repeat_interleave(torch.tensor(lengths)))).to(dev)
     tokens, positions, seqs = packed[0], packed[1], packed[2]
     H, D, Hq, Hkv = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
     L, I, eps = cfg.num_hidden_layers, cfg.intermediate_size, cfg.rms_norm_eps
@@ -165,8 +175,8 @@ def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence
         act = torch.empty(n, I, dtype=w.dtype, device=dev)
         # each piece's queries [1, Hq, m, D], its sequence's keys and values up to its end in every
         # layer [1, Hkv, p0 + m, D], and its mask
-        views = [(q[None, o:o + m].transpose(1, 2), cache.k[:, b, None, :, :p0 + m].unbind(0),
-                  cache.v[:, b, None, :, :p0 + m].unbind(0), None if p0 == 0 else causal_lower_right(m, p0 + m))
+        views = [(q[None, o:o + m].transpose(1, 2), cache.k[:, slots[b], None, :, :p0 + m].unbind(0),
+                  cache.v[:, slots[b], None, :, :p0 + m].unbind(0), None if p0 == 0 else causal_lower_right(m, p0 + m))
                  for b, p0, o, m in pieces]
         if gqa is None:
             gqa = _flash_takes_gqa(views[0][0], views[0][1][0], views[0][2][0])
@@ -178,7 +188,7 @@ def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence
                 prefill_kernels.qk_norm_rope_cache(qkv, q_norm[l], k_norm[l], cos_c, sin_c, seq_c, pos_c,
                                                    cache_k[l], cache_v[l], q, eps)
             else:
-                qk_rope(qkv, l, c0, pieces, cache, qk)
+                qk_rope(qkv, l, c0, [(slots[b], p0, o, m) for b, p0, o, m in pieces], cache, qk)
             outs = [attend(qp, kp[l], vp[l], gqa, mask) for qp, kp, vp, mask in views]
             attn = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(n, cfg.q_size)
             if reduce is None:
@@ -200,7 +210,8 @@ def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence
                 last[b] = x[o + m - 1:o + m]
     h = F.rms_norm(torch.cat(last), (H,), w.final_norm, eps)
     logits = F.linear(h, w.lm_head).float()
-    cache.lengths.copy_(torch.tensor(lengths, dtype=cache.lengths.dtype))
+    cache.lengths[torch.tensor(slots, device=cache.lengths.device)] = torch.tensor(
+        lengths, dtype=cache.lengths.dtype).to(cache.lengths.device)
     return logits
 
 

@@ -1,0 +1,371 @@
+"""The server at every load (issue 51), on the CPU: batch buckets over one KV cache with slot
+compaction, several decode steps a launch while nobody waits, and admission in one packed
+prefill. Every request's greedy tokens are held to the tokens its prompt gets alone (the
+reference runtime at batch 1), whatever else runs beside it; prompts are random token ids of the
+run's seed."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+from conftest import SEED  # noqa: E402
+from test_reference_vs_hf import random_prompt  # noqa: E402
+from test_serve import health, metric, post, serving, sse_events, streamed_choices, wait_for, write_checkpoint  # noqa: E402
+
+from megakernel import MegaQwen3, load_model  # noqa: E402
+
+MAX_SEQ_LEN = 96
+# the reference backend with launches of several steps (as the megakernel's), and a launch bound
+# that the CPU's step times never reach, so that the multi-step path runs
+MULTI = dict(backend_options={"steps_per_launch": 8}, max_launch_ms=60_000)
+
+
+@pytest.fixture(scope="module")
+def ids_ckpt(tmp_path_factory):
+    """A tiny checkpoint without a tokenizer (prompts and outputs are token ids), its model and
+    the greedy tokens of a prompt alone."""
+    folder = tmp_path_factory.mktemp("buckets") / "tiny"
+    tiny = write_checkpoint(folder, (SEED + 5151) % 2**31, tokenizer=False)
+    model = load_model(str(tiny.folder), device="cpu", progress=False)
+    solo = MegaQwen3(model, max_seq_len=MAX_SEQ_LEN, batch_size=1, backend="reference")
+
+    def alone(prompt, n):
+        return solo.generate([prompt], max_new_tokens=n)[0].tolist()
+    return SimpleNamespace(folder=tiny.folder, vocab=tiny.vocab_size, model=model, alone=alone)
+
+
+def prompts(vocab: int, k: int, salt: int) -> list[list[int]]:
+    """k fresh random prompts of 2 to 17 tokens."""
+    return [random_prompt(2 + (salt * 7 + 5 * i) % 16, vocab, SEED + 1000 * salt + i) for i in range(k)]
+
+
+class Recorder:
+    """Wraps the engine's runtime calls to record each launch (bucket, steps) and each
+    admission and slot move, in order."""
+
+    def __init__(self, engine, delay: float = 0.0):
+        self.log: list[tuple] = []
+        mk = engine.mk
+        step, prefill, move = mk.step_slots, mk.prefill_slots, mk.move_slot
+
+        def step_slots(active, steps=1, **kw):
+            if delay:
+                time.sleep(delay)
+            out = step(active, steps, **kw)
+            self.log.append(("step", mk.bucket, steps, len(list(active))))
+            return out
+
+        def prefill_slots(slots, ps):
+            self.log.append(("prefill", list(slots)))
+            return prefill(slots, ps)
+
+        def move_slot(src, dst):
+            self.log.append(("move", src, dst))
+            return move(src, dst)
+        mk.step_slots, mk.prefill_slots, mk.move_slot = step_slots, prefill_slots, move_slot
+
+    def of(self, kind: str) -> list[tuple]:
+        return [e for e in self.log if e[0] == kind]
+
+
+def complete(s, prompt, n, **extra) -> list[int]:
+    r = post(s, "/v1/completions", {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
+                                    **extra})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["token_ids"]
+
+
+async def _complete_async(client, prompt, n, delay=0.0, stream=False):
+    await asyncio.sleep(delay)
+    body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True}
+    if stream:
+        async with client.stream("POST", "/v1/completions", json=dict(body, stream=True)) as r:
+            assert r.status_code == 200
+            return streamed_choices(sse_events([line async for line in r.aiter_lines()]))[0]["ids"]
+    r = await client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["token_ids"]
+
+
+def run_clients(s, jobs) -> list[list[int]]:
+    """jobs: (prompt, max_tokens, delay before sending, stream); each one's token ids."""
+    async def everyone():
+        async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
+            return await asyncio.gather(*(_complete_async(client, p, n, d, st) for p, n, d, st in jobs))
+    return asyncio.run(everyone())
+
+
+# ---------------------------------------------------------------------------------------------
+# The runtime: buckets over one cache, packed prefill into chosen slots, moves
+
+
+@pytest.mark.parametrize("backend,opts", [("reference", {}), ("vm", {}), ("megakernel", {"max_bk": 32})],
+                         ids=["reference", "vm", "megakernel"])
+def test_buckets_share_one_cache(ids_ckpt, backend, opts):
+    """Batch 4 with buckets 1, 2, 4: three prompts admitted in one packed prefill into slots 2, 0
+    and 1 step in bucket 4 (slot 3 idle); then slot 0's leaves, slot 2's moves into its hole and
+    the two step in bucket 2, then one alone in bucket 1. Each gets its solo tokens: a bucket's
+    kernels read the big cache in place (its layer stride, Plan.KV_B). The megakernel runs few
+    steps (the interpreter takes about a second a step)."""
+    model = ids_ckpt.model
+    ps = prompts(ids_ckpt.vocab, 3, salt=1)
+    want = [ids_ckpt.alone(p, 6) for p in ps]
+    mk = MegaQwen3(model, max_seq_len=MAX_SEQ_LEN, batch_size=4, backend=backend, buckets=(1, 2), **opts)
+    assert mk.buckets == (1, 2, 4)
+    mk.reset_slots()
+    where = {0: 2, 1: 0, 2: 1}                      # prompt -> slot
+    logits = mk.prefill_slots([where[i] for i in range(3)], ps)
+    got = {i: [int(logits[i].argmax())] for i in range(3)}
+
+    def step(active_prompts, bucket):
+        out = mk.step_slots([where[i] for i in active_prompts])
+        assert mk.bucket == bucket
+        for i in active_prompts:
+            got[i].append(int(out[where[i]]))
+    step([0, 1, 2], 4)
+    assert mk.cache.lengths[3] == mk.PARK_LENGTH          # the idle slot stays parked
+    step([0, 1, 2], 4)
+    mk.free_slot(where.pop(1))                            # slot 0 leaves ...
+    mk.move_slot(2, 0)                                    # ... and prompt 0 moves into its hole
+    where[0] = 0
+    for _ in range(3):
+        step([0, 2], 2)
+    assert mk.cache.lengths[2] == mk.PARK_LENGTH
+    assert got[0] == want[0] and got[2] == want[2]
+    assert got[1] == want[1][:3]
+    if backend == "megakernel":
+        return
+    mk.free_slot(where.pop(0))
+    mk.move_slot(1, 0)
+    where[2] = 0
+    step([2], 1)
+    assert got[2] == ids_ckpt.alone(ps[2], 7)
+
+
+def test_prefill_slots_packs_prompts_as_one_at_a_time(ids_ckpt):
+    """Several prompts of different lengths prefilled in one pass into scattered slots give the
+    logits and tokens of one prefill_slot each; the slots left out are untouched."""
+    model = ids_ckpt.model
+    ps = prompts(ids_ckpt.vocab, 4, salt=2)
+    slots = [5, 1, 6, 3]
+    one = MegaQwen3(model, max_seq_len=MAX_SEQ_LEN, batch_size=8, backend="reference")
+    one.reset_slots()
+    packed = MegaQwen3(model, max_seq_len=MAX_SEQ_LEN, batch_size=8, backend="reference")
+    packed.reset_slots()
+    want = torch.stack([one.prefill_slot(b, p) for b, p in zip(slots, ps)])
+    got = packed.prefill_slots(slots, ps)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert packed.cache.lengths.tolist() == one.cache.lengths.tolist()
+    assert [packed._lengths[b] for b in slots] == [len(p) for p in ps]
+    for _ in range(4):
+        assert packed.step_slots(slots).tolist() == one.step_slots(slots).tolist()
+    with pytest.raises(ValueError, match="repeat"):
+        packed.prefill_slots([1, 1], ps[:2])
+    with pytest.raises(ValueError, match="outside the batch"):
+        packed.prefill_slots([8], ps[:1])
+
+
+def test_kv_stride_is_checked(ids_ckpt):
+    """A kernel step refuses a cache view whose layer stride its plan does not say."""
+    from dataclasses import replace
+
+    from megakernel.backends import step_buffers, tile_plan
+    from megakernel.buffers import cache_batch
+    mk = MegaQwen3(ids_ckpt.model, max_seq_len=32, batch_size=4, backend="reference", buckets=(2,))
+    view = mk._views[2]
+    assert cache_batch(view.cache.k) == 4 and cache_batch(mk.cache.k) == 4
+    plan = tile_plan(view, 1, max_bk=32)
+    assert (plan.B, plan.KV_B, plan.kv_batch) == (2, 4, 4)
+    with pytest.raises(ValueError, match="KV_B says 2"):
+        step_buffers(view, replace(plan, KV_B=0))
+    with pytest.raises(ValueError, match="at least the plan's batch"):
+        replace(plan, KV_B=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine
+
+
+def test_greedy_tokens_alone_among_others_and_across_bucket_changes(ids_ckpt):
+    """One request's greedy tokens are the same (a) alone, (b) among 7 others sent at once, and
+    (c) while others arrive and finish around it (the bucket grows and shrinks, slots move), with
+    launches of several steps."""
+    with serving(ids_ckpt.folder, batch_size=8, max_seq_len=MAX_SEQ_LEN, step_delay=0.0, **MULTI) as s:
+        rec = Recorder(s.engine, delay=0.03)
+        target = prompts(ids_ckpt.vocab, 1, salt=3)[0]
+        want = ids_ckpt.alone(target, 64)
+        assert complete(s, target, 64) == want                         # (a) alone
+        assert {e[1] for e in rec.of("step")} == {1}
+        assert max(e[2] for e in rec.of("step")) > 1, "no launch ran several steps"
+
+        others = prompts(ids_ckpt.vocab, 7, salt=4)
+        rec.log.clear()
+        got = run_clients(s, [(target, 64, 0, True)] + [(p, 9 + 3 * i, 0, i % 2 == 0) for i, p in enumerate(others)])
+        assert got[0] == want                                          # (b) among 7 others
+        for i, p in enumerate(others):
+            assert got[1 + i] == ids_ckpt.alone(p, 9 + 3 * i), i
+        assert max(e[1] for e in rec.of("step")) >= 4, "the requests hardly ran together"
+
+        # (c) a short one first, so that the target's slot moves when it ends; then others arrive
+        # one by one, and leave, shortest first
+        rec.log.clear()
+        short = prompts(ids_ckpt.vocab, 1, salt=5)[0]
+        jobs = [(short, 3, 0, False), (target, 64, 0.01, True)] + \
+               [(p, 4 + 2 * i, 0.05 + 0.04 * i, i % 2 == 1) for i, p in enumerate(others[:5])]
+        got = run_clients(s, jobs)
+        assert got[1] == want                                          # (c) across bucket changes
+        assert got[0] == ids_ckpt.alone(short, 3)
+        for i, p in enumerate(others[:5]):
+            assert got[2 + i] == ids_ckpt.alone(p, 4 + 2 * i), i
+        buckets = [e[1] for e in rec.of("step")]
+        assert len(set(buckets)) >= 3, f"the bucket hardly changed: {buckets}"
+        assert any(b < max(buckets) for b in buckets[buckets.index(max(buckets)):]), "the bucket never shrank"
+        assert rec.of("move"), "no sequence moved into a hole"
+        assert health(s)["running"] == 0 and health(s)["bucket"] in s.engine.buckets
+        assert metric(s, "megakernel_batch_bucket") in s.engine.buckets
+
+
+def test_disconnect_frees_the_slot_and_compaction_keeps_the_others(ids_ckpt):
+    """Three streams on four slots; the middle one's client goes away: its slot is freed at once,
+    the highest sequence moves into it, and the two left get their solo tokens."""
+    with serving(ids_ckpt.folder, batch_size=4, max_seq_len=MAX_SEQ_LEN, step_delay=0.05) as s:
+        rec = Recorder(s.engine)
+        a, b, c = prompts(ids_ckpt.vocab, 3, salt=6)
+        results = {}
+
+        def run(name, p):
+            results[name] = complete(s, p, 30)
+        ta = threading.Thread(target=run, args=("a", a))
+        ta.start()
+        wait_for(lambda: health(s)["running"] == 1, what="a to run")
+        body = {"prompt": b, "max_tokens": 70, "temperature": 0, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()      # kept: dropping the iterator would close the stream
+            assert next(line for line in lines if line.startswith("data: "))
+            tc = threading.Thread(target=run, args=("c", c))
+            tc.start()
+            wait_for(lambda: health(s)["running"] == 3, what="c to run")
+        wait_for(lambda: health(s)["running"] == 2, timeout=3, what="b's slot to be freed")
+        wait_for(lambda: metric(s, "megakernel_requests_total", {"outcome": "cancelled"}) == 1,
+                 what="the cancellation to be counted")
+        ta.join(60)
+        tc.join(60)
+        assert results["a"] == ids_ckpt.alone(a, 30)
+        assert results["c"] == ids_ckpt.alone(c, 30)
+        assert ("move", 2, 1) in rec.log, f"c did not move into b's slot: {rec.of('move')}"
+        wait_for(lambda: health(s)["running"] == 0, what="the slots to empty")
+
+
+def test_requests_arriving_during_a_multi_step_launch_are_all_answered(ids_ckpt):
+    """Six requests sent while a launch of several steps runs: each is answered with its solo
+    tokens, and all are admitted together (one packed prefill) right after that launch: they
+    waited for no more than one launch."""
+    with serving(ids_ckpt.folder, batch_size=8, max_seq_len=MAX_SEQ_LEN, **MULTI) as s:
+        rec = Recorder(s.engine)
+        mk = s.engine.mk
+        step = mk.step_slots
+        arrivals = prompts(ids_ckpt.vocab, 6, salt=7)
+        results: dict[int, list[int]] = {}
+        fired = threading.Event()
+        senders = []
+
+        def send(i):
+            results[i] = complete(s, arrivals[i], 6 + i)
+
+        def step_slots(active, steps=1, **kw):
+            if steps > 1 and not fired.is_set():      # the first multi-step launch: send them now
+                fired.set()
+                senders.extend(threading.Thread(target=send, args=(i,)) for i in range(len(arrivals)))
+                for t in senders:
+                    t.start()
+                wait_for(lambda: health(s)["queued"] == len(arrivals), what="the arrivals to queue")
+                rec.log.append(("arrived",))
+            return step(active, steps, **kw)
+        mk.step_slots = step_slots
+
+        first = prompts(ids_ckpt.vocab, 1, salt=8)[0]
+        assert complete(s, first, 30) == ids_ckpt.alone(first, 30)
+        for t in senders:
+            t.join(60)
+        assert fired.is_set()
+        assert sorted(results) == list(range(len(arrivals)))
+        for i, p in enumerate(arrivals):
+            assert results[i] == ids_ckpt.alone(p, 6 + i), i
+        at = rec.log.index(("arrived",))
+        launch, admit, after = rec.log[at + 1], rec.log[at + 2], rec.log[at + 3]
+        assert launch[0] == "step" and launch[2] > 1
+        assert admit == ("prefill", [1, 2, 3, 4, 5, 6]), rec.log[at:at + 4]
+        assert after[0] == "step" and after[3] == 7
+
+
+def test_launch_length_rules(ids_ckpt):
+    """k steps a launch: 1 while someone waits for a free slot or a sampled sequence runs (host
+    sampling), never past the first sequence to finish by length, and within max_launch_ms at the
+    bucket's measured step time."""
+    from megakernel.serve.engine import Engine, GenParams
+    from megakernel.serve.metrics import Metrics
+    from models.qwen3.sampling import SamplingParams
+    mk = MegaQwen3(ids_ckpt.model, max_seq_len=MAX_SEQ_LEN, batch_size=4, backend="reference", buckets=(1, 2),
+                   steps_per_launch=64)
+    engine = Engine(mk, Metrics(4, 8), max_launch_ms=20)
+
+    def seq(max_tokens, out=0, temperature=0.0):
+        req = SimpleNamespace(params=GenParams(SamplingParams(temperature), max_tokens))
+        return SimpleNamespace(req=req, out_ids=[0] * out)
+    engine.slots = [seq(50, 2), seq(30, 5), None, None]
+    engine.step_s = {2: 0.001}
+    assert engine._launch_steps(2) == 20               # 20 ms at 1 ms a step
+    engine.step_s = {2: 0.0001}
+    assert engine._launch_steps(2) == 25               # the second sequence ends in 25 tokens
+    engine.slots[1] = seq(30, 29)
+    assert engine._launch_steps(2) == 1
+    engine.slots[1] = seq(30, 5, temperature=1.0)
+    assert engine._launch_steps(2) == 1
+    engine.slots[1] = seq(30, 5)
+    engine.queue.append(object())
+    assert engine._launch_steps(2) == 1                # a request waits for a free slot
+    engine.slots = [seq(50, 2)] * 4
+    engine.step_s = {4: 0.0001}
+    assert engine._launch_steps(4) == 48               # none free: nobody can be admitted anyway
+
+
+def test_openai_client_on_the_multi_step_server(tmp_path, seed):
+    """The official client drives completions (several prompts, admitted together) and streamed
+    chat against a server of buckets and multi-step launches; the completions are each prompt's
+    solo greedy tokens."""
+    from test_serve import write_checkpoint as with_tokenizer
+    folder = tmp_path / "chat"
+    with_tokenizer(folder, seed)
+    model = load_model(str(folder), device="cpu", progress=False)
+    solo = MegaQwen3(model, max_seq_len=MAX_SEQ_LEN, batch_size=1, backend="reference")
+    with serving(folder, batch_size=4, max_seq_len=MAX_SEQ_LEN, **MULTI) as s:
+        rec = Recorder(s.engine)
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        ps = prompts(model.config.vocab_size, 3, salt=9)
+        r = client.completions.create(model=s.name, prompt=ps, max_tokens=10, temperature=0,
+                                      extra_body={"ignore_eos": True, "return_token_ids": True})
+        for c, p in zip(r.choices, ps):
+            assert c.token_ids == solo.generate([p], max_new_tokens=10)[0].tolist()
+            assert c.finish_reason == "length"
+        assert ("prefill", [0, 1, 2]) in rec.log          # the list's prompts in one pass
+        assert max(e[2] for e in rec.of("step")) > 1
+        chunks = list(client.chat.completions.create(
+            model=s.name, messages=[{"role": "user", "content": "the cat sat"}], max_tokens=12, temperature=0,
+            stream=True, stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}}))
+        assert chunks[-1].usage.completion_tokens == 12
+        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+        full = client.chat.completions.create(
+            model=s.name, messages=[{"role": "user", "content": "the cat sat"}], max_tokens=12, temperature=0,
+            extra_body={"ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}})
+        assert full.choices[0].message.content == "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
