@@ -309,8 +309,8 @@ def test_requests_arriving_during_a_multi_step_launch_are_all_answered(ids_ckpt)
 
 
 def test_launch_length_rules(ids_ckpt):
-    """k steps a launch: 1 while someone waits for a free slot or a sampled sequence runs (host
-    sampling), never past the first sequence to finish by length, and within max_launch_ms at the
+    """k steps a launch: 1 while someone waits for a free slot or a sampled sequence runs on a
+    runtime that samples on the host (several where the device samples), never past the first sequence to finish by length, and within max_launch_ms at the
     bucket's measured step time."""
     from megakernel.serve.engine import Engine, GenParams
     from megakernel.serve.metrics import Metrics
@@ -330,7 +330,10 @@ def test_launch_length_rules(ids_ckpt):
     engine.slots[1] = seq(30, 29)
     assert engine._launch_steps(2) == 1
     engine.slots[1] = seq(30, 5, temperature=1.0)
-    assert engine._launch_steps(2) == 1
+    assert engine.device_sampling and engine._launch_steps(2) == 25     # sampled in the step, on the device
+    engine.device_sampling = False
+    assert engine._launch_steps(2) == 1                # a runtime that samples on the host: a step a launch
+    engine.device_sampling = True
     engine.slots[1] = seq(30, 5)
     engine.queue.append(object())
     assert engine._launch_steps(2) == 1                # a request waits for a free slot
