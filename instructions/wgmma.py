@@ -3,7 +3,7 @@
 out[B, N] = X[B, K] @ W[N, K]^T is computed transposed, out^T = W @ X^T: a tile holds BM = 64 or
 128 weight rows and multiplies them by the batch's input as the dot's N side (padded to 8, 16, 32
 or 64). Triton emits Hopper's wgmma only where the dot's M is a multiple of 64; the batch on M (the
-older tile, ``common.batch_tiles``) left it on mma.sync. This is the operand swap of Mirage MPK's
+older tile, ``batch_mma.batch_tiles``) left it on mma.sync. This is the operand swap of Mirage MPK's
 Hopper linear task and of the small-M fused-MoE kernels in SGLang and vLLM.
 
 A stage has cdiv(N, R) row blocks and SK K-splits each (plan fields ``R_*`` and ``SK_*``); tile t
@@ -21,7 +21,7 @@ straight from memory, so Triton's pipeliner stages them into shared memory besid
 the wgmma reads them there; and it scales each sequence's sums by its 1/rms in the epilogue.
 
 Numerics: the input contract is the plan's BATCH_INPUT (``XIN`` here):
-- split (0): as ``common.mac_dot``'s contract. The float32 input (times the norm weight) goes in as
+- split (0): as ``batch_mma.mac_dot``'s contract. The float32 input (times the norm weight) goes in as
   a bf16 head and a bf16 remainder, two MMAs sharing the weight operand, so the sums keep about 16
   bits of it (a 16-bit input, O's and down's, is exact in one);
 - bf16 (1): only the head, one MMA;
