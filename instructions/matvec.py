@@ -19,7 +19,8 @@ from scheduler.kinds import Op
 
 from .batch_mma import batch_tiles
 from .common import (ARGMAX, BT_BF16, BT_SWAP, GATEUP, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, claim,
-                     dot_rows2, load_nw, load_s, load_w, load_xn, next_tile, stamp, wait_counter)
+                     next_tile, stamp, wait_counter)
+from .gemv import dot_rows2, load_nw, load_s, load_w, load_xn
 from .kind import DeviceKind, split_rows, weight_rows
 from .tiles import TICK_DOWN, TICK_GU, TICK_O, TICK_STRIDE, gemv_tile
 from .wgmma import swap_tiles

@@ -1,6 +1,6 @@
 """The GEMV tiles' dispatch: which tile family runs a projection's tiles, by the plan's ``BT``.
 
-- 0: the register tiles (``common.gemv_rows_tiles``; batch 1, and the per-sequence loop);
+- 0: the register tiles (``gemv.gemv_rows_tiles``; batch 1, and the per-sequence loop);
 - BT_SPLIT, BT_BF16: the batch-on-M tile (``batch_mma.batch_tiles``, mma.sync);
 - BT_SWAP, BT_SWAP_BF16, BT_SWAP_FP8: the weights-on-M tile (``instructions.wgmma``, wgmma on Hopper).
 The second of each feeds the MMA one bf16 input operand instead of a split one; the third, with FP8
@@ -11,7 +11,8 @@ import triton
 import triton.language as tl
 
 from .batch_mma import gemv_batch
-from .common import BT_BF16, BT_SWAP, RESIDUAL, gemv_rows_tiles
+from .common import BT_BF16, BT_SWAP, RESIDUAL
+from .gemv import gemv_rows_tiles
 from .wgmma import swap_tiles
 
 # The ticket words of the K-split stages (``kticks``): a row of TICK_STRIDE words for each of QKV,
