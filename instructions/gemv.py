@@ -127,26 +127,15 @@ def dot_rows2(a_ptr, b_ptr, as_ptr, bs_ptr, a0, b0, sa0, sb0, xn0, row0, row_end
         if TWO:
             acc_b = tl.sum(wf32(b0, sb0, R, BK) * xn0[None, :], axis=1)
     else:
-        a = load_w(a_ptr, row0, row_end, K, BK, R, BK)
-        sa = load_s(a_ptr, as_ptr, row0, row_end, K, BK, R, BK, SB)
-        b = a
-        sb = sa
-        if TWO:
-            b = load_w(b_ptr, row0, row_end, K, BK, R, BK)
-            sb = load_s(b_ptr, bs_ptr, row0, row_end, K, BK, R, BK, SB)
+        a, sa, b, sb = _load_w2(a_ptr, b_ptr, as_ptr, bs_ptr, row0, row_end, K, BK, R, BK, SB, TWO)
         x = _load_xk(x_ptr, nw_ptr, rstd, BK, K, NORM, BK)
         acc_a = tl.sum(wf32(a0, sa0, R, BK) * xn0[None, :], axis=1)
         acc_b = acc_a
         if TWO:
             acc_b = tl.sum(wf32(b0, sb0, R, BK) * xn0[None, :], axis=1)
         for k0 in range(2 * BK, K, BK):
-            a_next = load_w(a_ptr, row0, row_end, K, k0, R, BK)
-            sa_next = load_s(a_ptr, as_ptr, row0, row_end, K, k0, R, BK, SB)
-            b_next = a_next
-            sb_next = sa_next
-            if TWO:
-                b_next = load_w(b_ptr, row0, row_end, K, k0, R, BK)
-                sb_next = load_s(b_ptr, bs_ptr, row0, row_end, K, k0, R, BK, SB)
+            a_next, sa_next, b_next, sb_next = _load_w2(a_ptr, b_ptr, as_ptr, bs_ptr, row0, row_end, K, k0, R, BK, SB,
+                                                        TWO)
             x_next = _load_xk(x_ptr, nw_ptr, rstd, k0, K, NORM, BK)
             acc_a += tl.sum(wf32(a, sa, R, BK) * x[None, :], axis=1)
             if TWO:
@@ -160,6 +149,21 @@ def dot_rows2(a_ptr, b_ptr, as_ptr, bs_ptr, a0, b0, sa0, sb0, xn0, row0, row_end
         if TWO:
             acc_b += tl.sum(wf32(b, sb, R, BK) * x[None, :], axis=1)
     return acc_a, acc_b
+
+
+@triton.jit
+def _load_w2(a_ptr, b_ptr, as_ptr, bs_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, BK: tl.constexpr,
+             SB: tl.constexpr, TWO: tl.constexpr):
+    """(A's chunk, its FP8 scales, B's chunk, its scales) at columns [k0, k0 + BK) of ``dot_rows2``'s
+    rows (``load_w``, ``load_s``); without TWO, B's are A's (B is not read)."""
+    a = load_w(a_ptr, row0, row_end, K, k0, R, BK)
+    sa = load_s(a_ptr, as_ptr, row0, row_end, K, k0, R, BK, SB)
+    b = a
+    sb = sa
+    if TWO:
+        b = load_w(b_ptr, row0, row_end, K, k0, R, BK)
+        sb = load_s(b_ptr, bs_ptr, row0, row_end, K, k0, R, BK, SB)
+    return a, sa, b, sb
 
 
 @triton.jit
