@@ -1,16 +1,8 @@
-"""Device helpers every instruction kind shares: the bounded counter wait, RMSNorm statistics,
-and the row-block GEMV core.
-
-FP8 weights (``models/qwen3/fp8.py``): where a projection's pointer is to float8e4nv, the GEMV
-core also reads its float32 block scales (``ws_ptr``: row r, column k has scale
-``ws[r // SB, k // 128]``) and dequantizes in registers; activations and float32 accumulation are
-as for 16-bit weights. The weight pointer's element type is a compile-time property, so 16-bit
-weights compile as they did before FP8 existed.
-
-Memory ordering (docs/design.md, "Memory ordering"): a consumer's poll is a scalar
-``atomic_add(ptr, 0, sem="acquire")``, which Triton lowers to one ``ld.acquire.gpu`` on one
-thread and broadcasts through shared memory with a CTA barrier; loads of activations written by
-other programs in the same launch then use ``cache_modifier=".cg"`` (L2, never a stale L1 line).
+"""What every instruction kind and tile family shares: the memory orders and the bounded counter
+wait, the trace stamps, the epilogue kinds and the packed argmax key, the pool claims, the GEMV tile
+kinds (``BT_*``, dispatched by ``instructions.tiles``), and two order-fixed float32 helpers both
+batched tiles use (``sum_pairs``, ``round_bf16``). The tile families live in ``gemv`` (register
+tiles), ``batch_mma`` (batch on M), ``wgmma`` (weights on M) and ``fp8`` (e4m3 arithmetic).
 """
 
 import importlib.util
@@ -19,6 +11,11 @@ import os
 import triton
 import triton.language as tl
 
+# Memory ordering (docs/design.md, "Memory ordering"): a consumer's poll is a scalar
+# ``atomic_add(ptr, 0, sem="acquire")``, which Triton lowers to one ``ld.acquire.gpu`` on one
+# thread and broadcasts through shared memory with a CTA barrier; loads of activations written by
+# other programs in the same launch then use ``cache_modifier=".cg"`` (L2, never a stale L1 line).
+#
 # triton-ascend (it replaces Triton's package) supports only acq_rel atomics on the NPU; elsewhere
 # the weaker, cheaper orders are used: a consumer's poll acquires, a producer's signal releases.
 ASCEND = importlib.util.find_spec("triton.backends.ascend") is not None
@@ -80,168 +77,10 @@ def stamp(tr, slot: tl.constexpr, dep, TRACE: tl.constexpr):
         tl.store(tr + slot, t)
 
 
-@triton.jit
-def rms_rstd(x_ptr, K: tl.constexpr, eps, BK: tl.constexpr):
-    """1 / sqrt(mean(x^2) + eps) of a float32 row of K elements."""
-    kk = tl.arange(0, BK)
-    ss = tl.zeros([BK], dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        x = tl.load(x_ptr + k0 + kk, mask=k0 + kk < K, other=0.0, cache_modifier=".cg")
-        ss += x * x
-    return 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
-
-
-@triton.jit
-def load_w(w_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, BK: tl.constexpr):
-    """Weight block rows [row0, min(row0+R, row_end)) x columns [k0, k0+BK) of a row-major
-    [N, K] matrix. Weights are read once per step: evict them first so activations keep the
-    cache."""
-    r = row0 + tl.arange(0, R)
-    k = k0 + tl.arange(0, BK)
-    return tl.load(w_ptr + r[:, None] * K + k[None, :], mask=(r[:, None] < row_end) & (k[None, :] < K),
-                   other=0.0, eviction_policy=W_EVICT, cache_modifier=W_CACHE)
-
-
-@triton.jit
-def load_s(w_ptr, ws_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, BK: tl.constexpr,
-           SB: tl.constexpr):
-    """The block scales of ``load_w``'s block where w_ptr is FP8: [R, NB], the scales of rows
-    [row0, row0 + R) over the chunk's NB = max(1, BK / 128) 128-column blocks (a chunk narrower
-    than 128 lies in one block, since chunks are powers of two from 0). Loaded with the weights,
-    before the wait. A float32 1 for 16-bit weights, which nothing reads."""
-    if w_ptr.dtype.element_ty == tl.float8e4nv:
-        NB: tl.constexpr = BK // 128 if BK > 128 else 1
-        KB: tl.constexpr = (K + 127) // 128
-        r = row0 + tl.arange(0, R)
-        j = k0 // 128 + tl.arange(0, NB)
-        s = tl.load(ws_ptr + (r // SB)[:, None] * KB + j[None, :], mask=(r[:, None] < row_end) & (j[None, :] < KB),
-                    other=0.0)
-    else:
-        s = tl.full([], 1.0, tl.float32)
-    return s
-
-
-@triton.jit
-def wf32(w, s, R: tl.constexpr, BK: tl.constexpr):
-    """A [R, BK] weight block in float32: 16-bit weights converted; FP8 ones times their block's
-    scale (``load_s``), elementwise as ``models.qwen3.fp8`` dequantizes, so the product is the
-    reference's weight exactly."""
-    if w.dtype == tl.float8e4nv:
-        if BK > 128:
-            NB: tl.constexpr = BK // 128
-            wf = tl.reshape(tl.reshape(w.to(tl.float32), (R, NB, 128)) * s[:, :, None], (R, BK))
-        else:
-            wf = w.to(tl.float32) * s
-    else:
-        wf = w.to(tl.float32)
-    return wf
-
-
-@triton.jit
-def load_nw(nw_ptr, K: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr):
-    """The first K-chunk of a norm weight as float32 (0 without NORM): a weight, so it is loaded
-    before the wait on the input."""
-    kk = tl.arange(0, BK)
-    nw = tl.zeros([BK], dtype=tl.float32)
-    if NORM:
-        nw = tl.load(nw_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-    return nw
-
-
-@triton.jit
-def load_xn(x_ptr, nw_ptr, nw0, eps, K: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr):
-    """(the first K-chunk of a float32 input row, RMS-normalised and scaled when NORM, and its
-    1/rms). Computed once per instruction at batch 1 and reused by every tile; where the row fits
-    one chunk the same load serves the statistics and the product. ``nw0`` is ``load_nw``'s chunk
-    of the norm weight."""
-    kk = tl.arange(0, BK)
-    x = tl.load(x_ptr + kk, mask=kk < K, other=0.0, cache_modifier=".cg").to(tl.float32)
-    rstd = 1.0
-    if NORM:
-        if K <= BK:
-            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / K + eps)
-        else:
-            rstd = rms_rstd(x_ptr, K, eps, BK)
-        x = x * rstd * nw0
-    return x, rstd
-
-
-@triton.jit
-def dot_rows(w_ptr, ws_ptr, w0, s0, xn0, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr, rstd,
-             NORM: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr):
-    """acc[r] = sum_k W[row0 + r, k] * v[k] for r < R, where v = x (float32, read through L2) or,
-    with NORM, v = x * rstd * norm_weight. ``w0`` and ``xn0`` are the first K-chunk of the weights
-    and of v, already loaded (``s0``: the chunk's FP8 scales, ``load_s``). Where K takes several
-    chunks, each chunk's loads are issued before the previous chunk's product (two chunks in
-    registers), so a tile waits on memory once, not once per chunk; the sums are added in the same
-    order either way."""
-    return dot_rows2(w_ptr, w_ptr, ws_ptr, ws_ptr, w0, w0, s0, s0, xn0, row0, row_end, K, x_ptr, nw_ptr, rstd,
-                     NORM, R, BK, SB, False)[0]
-
-
-@triton.jit
-def dot_rows2(a_ptr, b_ptr, as_ptr, bs_ptr, a0, b0, sa0, sb0, xn0, row0, row_end, K: tl.constexpr, x_ptr, nw_ptr,
-              rstd, NORM: tl.constexpr, R: tl.constexpr, BK: tl.constexpr, SB: tl.constexpr, TWO: tl.constexpr):
-    """``dot_rows`` of the same rows of A and, with TWO, of B over one input v (gate and up): each
-    K-chunk's loads of both matrices and of v go out together, before the previous chunk's
-    products, so the second matrix's chunk is not a round trip of its own after the first's (a
-    tile of 32b's gate/up, K 5120, is two chunks). Returns (acc_a, acc_b); acc_b is acc_a without
-    TWO. Each sum is added in ``dot_rows``' order."""
-    if K <= BK:
-        acc_a = tl.sum(wf32(a0, sa0, R, BK) * xn0[None, :], axis=1)
-        acc_b = acc_a
-        if TWO:
-            acc_b = tl.sum(wf32(b0, sb0, R, BK) * xn0[None, :], axis=1)
-    else:
-        a = load_w(a_ptr, row0, row_end, K, BK, R, BK)
-        sa = load_s(a_ptr, as_ptr, row0, row_end, K, BK, R, BK, SB)
-        b = a
-        sb = sa
-        if TWO:
-            b = load_w(b_ptr, row0, row_end, K, BK, R, BK)
-            sb = load_s(b_ptr, bs_ptr, row0, row_end, K, BK, R, BK, SB)
-        x = _load_xk(x_ptr, nw_ptr, rstd, BK, K, NORM, BK)
-        acc_a = tl.sum(wf32(a0, sa0, R, BK) * xn0[None, :], axis=1)
-        acc_b = acc_a
-        if TWO:
-            acc_b = tl.sum(wf32(b0, sb0, R, BK) * xn0[None, :], axis=1)
-        for k0 in range(2 * BK, K, BK):
-            a_next = load_w(a_ptr, row0, row_end, K, k0, R, BK)
-            sa_next = load_s(a_ptr, as_ptr, row0, row_end, K, k0, R, BK, SB)
-            b_next = a_next
-            sb_next = sa_next
-            if TWO:
-                b_next = load_w(b_ptr, row0, row_end, K, k0, R, BK)
-                sb_next = load_s(b_ptr, bs_ptr, row0, row_end, K, k0, R, BK, SB)
-            x_next = _load_xk(x_ptr, nw_ptr, rstd, k0, K, NORM, BK)
-            acc_a += tl.sum(wf32(a, sa, R, BK) * x[None, :], axis=1)
-            if TWO:
-                acc_b += tl.sum(wf32(b, sb, R, BK) * x[None, :], axis=1)
-            a = a_next
-            b = b_next
-            sa = sa_next
-            sb = sb_next
-            x = x_next
-        acc_a += tl.sum(wf32(a, sa, R, BK) * x[None, :], axis=1)
-        if TWO:
-            acc_b += tl.sum(wf32(b, sb, R, BK) * x[None, :], axis=1)
-    return acc_a, acc_b
-
-
-@triton.jit
-def _load_xk(x_ptr, nw_ptr, rstd, k0, K: tl.constexpr, NORM: tl.constexpr, BK: tl.constexpr):
-    """Columns [k0, k0 + BK) of the input row for ``dot_rows`` (times rstd and the norm weight with
-    NORM), 0 past K."""
-    kk = tl.arange(0, BK)
-    x = tl.load(x_ptr + k0 + kk, mask=k0 + kk < K, other=0.0, cache_modifier=".cg").to(tl.float32)
-    if NORM:
-        x = x * rstd * tl.load(nw_ptr + k0 + kk, mask=k0 + kk < K, other=0.0).to(tl.float32)
-    return x
-
-
 STORE: tl.constexpr = tl.constexpr(0)      # out[b, rows] = acc
 RESIDUAL: tl.constexpr = tl.constexpr(1)   # out[b, rows] += acc
 ARGMAX: tl.constexpr = tl.constexpr(2)     # out[b, rows] = acc; aux[b] = max(aux[b], the tile's argmax_key)
+GATEUP: tl.constexpr = tl.constexpr(3)     # out[b, rows] = silu(acc) * acc2 (gate and up)
 
 # The argmax of the LM head's logits as one int64 per sequence that every tile raises with an
 # atomic max: the value's bits, ordered as integers, above the index counted down from 2^32 - 1,
@@ -265,41 +104,6 @@ def argmax_key_ref(v, idx):
     bits = v.contiguous().view(torch.int32).long()
     ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
     return ordered * (1 << 32) + (4294967295 - idx.long())
-
-
-@triton.jit
-def gemv_rows(t, w0, s0, xn0, rstd, row_end, w_ptr, ws_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_ptr,
-              B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-              SB: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr, first, tr,
-              TRACE: tl.constexpr):
-    """Tile t of ``gemv_tile``: its R rows over each of the B input rows, from the tile's first
-    weight chunk ``w0`` and its FP8 scales ``s0`` (and, at batch 1, the first chunk of the input ``xn0`` with its 1/rms).
-    Returns the tile's ``argmax_key`` at batch 1 with EPI ARGMAX (the caller raises ``aux`` once
-    per instruction; above batch 1 each row's key is raised here), else KEY_EMPTY."""
-    rows = t * R + tl.arange(0, R)
-    key = tl.full([], KEY_EMPTY, tl.int64)
-    for b in range(B):
-        if B > 1:
-            xn0, rstd = load_xn(in_ptr + b * K, nw_ptr, nw0, eps, K, BK, NORM)
-        if EPI == RESIDUAL:
-            # the rows this tile adds to, asked for before its math so the two overlap
-            res = tl.load(out_ptr + b * N + rows, mask=rows < row_end, other=0.0, cache_modifier=".cg")
-        acc = dot_rows(w_ptr, ws_ptr, w0, s0, xn0, t * R, row_end, K, in_ptr + b * K, nw_ptr, rstd, NORM, R, BK, SB)
-        if TRACE == 1:     # per tile: a CTA-wide reduction each (TRACE 2, the light trace, skips it)
-            stamp(tr, T_COMPUTED, tl.sum(acc, axis=0), TRACE)
-            if first:
-                stamp(tr, T_FIRST, tl.sum(acc, axis=0), TRACE)
-        if EPI == RESIDUAL:
-            acc += res
-        tl.store(out_ptr + b * N + rows, acc, mask=rows < row_end)
-        if EPI == ARGMAX:
-            acc = tl.where(rows < row_end, acc, float("-inf"))
-            best = tl.max(acc, axis=0)
-            idx = tl.min(tl.where(acc == best, rows, 2147483647), axis=0)   # first maximum, as torch
-            key = argmax_key(best, idx)
-            if B > 1:
-                tl.atomic_max(aux_ptr + b, key, sem=RELAXED, scope="gpu")
-    return key
 
 
 # Lanes of a pool claim: one element per thread at 8 warps (two at 4), none replicated, so the
@@ -338,10 +142,10 @@ def next_tile(t, t1, c, claims_ptr, claims_base, NT: tl.constexpr, POOL: tl.cons
     return nt, c
 
 
-# The GEMV tiles' kind (``tiles.gemv_tile``'s BT, the plan's ``Plan.BT``): 0 the register tiles,
-# BT_SPLIT or BT_BF16 the batch-on-M tile (``batch_tiles``) with its input split or in bf16, and
-# BT_SWAP, BT_SWAP_BF16 or BT_SWAP_FP8 the weights-on-M tile (``instructions.wgmma``; its input
-# contract is BT - BT_SWAP, the plan's BATCH_INPUT).
+# The GEMV tiles' kind (``tiles.gemv_tile``'s BT, the plan's ``Plan.BT``): 0 the register tiles
+# (``instructions.gemv``), BT_SPLIT or BT_BF16 the batch-on-M tile (``instructions.batch_mma``) with
+# its input split or in bf16, and BT_SWAP, BT_SWAP_BF16 or BT_SWAP_FP8 the weights-on-M tile
+# (``instructions.wgmma``; its input contract is BT - BT_SWAP, the plan's BATCH_INPUT).
 BT_SPLIT: tl.constexpr = tl.constexpr(1)
 BT_BF16: tl.constexpr = tl.constexpr(2)
 BT_SWAP: tl.constexpr = tl.constexpr(3)
@@ -350,225 +154,17 @@ BT_SWAP_FP8: tl.constexpr = tl.constexpr(5)
 
 
 @triton.jit
-def gemv_rows_tiles(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
-                    B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-                    SB: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr,
-                    tr, TRACE: tl.constexpr, POOL: tl.constexpr, claims_ptr, claims_base):
-    """``gemv_tile``'s tiles with their weights in registers, looping over the B input rows."""
-    NT: tl.constexpr = (N + R - 1) // R
-    if POOL > 0:
-        c = claim(claims_ptr)           # the first pool tile: asked for now, read after tile t1 - 1
-        row_end = N                     # the next tile can be any of the pool's
-    else:
-        row_end = tl.minimum(t1 * R, N)
-    w0 = load_w(w_ptr, t0 * R, row_end, K, 0, R, BK)
-    s0 = load_s(w_ptr, ws_ptr, t0 * R, row_end, K, 0, R, BK, SB)
-    nw0 = load_nw(nw_ptr, K, BK, NORM)
-    seen = target
-    if WAIT:
-        seen = wait_counter(cnt_ptr, target, SPIN)
-    else:
-        # per-op: without the wait's CTA barrier ptxas sinks the weight loads to their uses, one
-        # round trip each; this barrier keeps them issued together
-        tl.debug_barrier()
-    stamp(tr, T_WAITED, seen, TRACE)
-    xn0, rstd = load_xn(in_ptr, nw_ptr, nw0, eps, K, BK, NORM)
-    stamp(tr, T_INPUT, tl.sum(xn0, axis=0), TRACE)
-    kmax = tl.full([], KEY_EMPTY, tl.int64)
-    if POOL > 0:
-        t = t0
-        while t < NT:
-            nt, c = next_tile(t, t1, c, claims_ptr, claims_base, NT, POOL)
-            w_next = load_w(w_ptr, nt * R, row_end, K, 0, R, BK)      # nothing past the last row
-            s_next = load_s(w_ptr, ws_ptr, nt * R, row_end, K, 0, R, BK, SB)
-            key = gemv_rows(t, w0, s0, xn0, rstd, row_end, w_ptr, ws_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_ptr,
-                            B, N, K, R, BK, SB, NORM, EPI, t == t0, tr, TRACE)
-            kmax = tl.maximum(kmax, key)
-            w0 = w_next
-            s0 = s_next
-            t = nt
-    else:
-        for t in range(t0, t1):
-            w_next = load_w(w_ptr, (t + 1) * R, row_end, K, 0, R, BK)
-            s_next = load_s(w_ptr, ws_ptr, (t + 1) * R, row_end, K, 0, R, BK, SB)
-            key = gemv_rows(t, w0, s0, xn0, rstd, row_end, w_ptr, ws_ptr, in_ptr, nw_ptr, nw0, eps, out_ptr, aux_ptr,
-                            B, N, K, R, BK, SB, NORM, EPI, t == t0, tr, TRACE)
-            kmax = tl.maximum(kmax, key)
-            w0 = w_next
-            s0 = s_next
-    if (EPI == ARGMAX) & (B == 1):
-        tl.atomic_max(aux_ptr, kmax, sem=RELAXED, scope="gpu")     # one atomic per instruction
-    return seen
-
-
-# Batches above one: an instruction reads its weights once for all B sequences. Its tiles' rows
-# and their K-chunks are walked as one flat loop, so Triton's software pipeliner keeps chunks of
-# weights and inputs in flight through shared memory (cp.async; activations stay .cg) across the
-# instruction's tile boundaries, as many as fit SMEM_BYTES, at most MAX_AHEAD. The product runs on
-# tensor cores (tl.dot; the batch padded to 16 rows and a tile's rows to a power of two under
-# masks, the M/N minimum of older Triton). The plan (scheduler/ops.py) gives each worker about one
-# tile of many rows, so each worker reads the batch's input rows about once per stage; that L2
-# traffic, not the weights, is what grows with the batch. A chunk holds about BW_ELEMS weights per
-# matrix and at most BX_ELEMS inputs.
-SMEM_BYTES: tl.constexpr = tl.constexpr(65536)
-MAX_AHEAD: tl.constexpr = tl.constexpr(4)
-BW_ELEMS: tl.constexpr = tl.constexpr(8192)
-BX_ELEMS: tl.constexpr = tl.constexpr(2048)
-GATEUP: tl.constexpr = tl.constexpr(3)     # out[b, rows] = silu(acc) * acc2 (gate and up)
-
-
-@triton.jit
-def load_wbs(w_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, R_PAD: tl.constexpr, S: tl.constexpr,
-             KS: tl.constexpr):
-    """Weight block rows [row0, min(row0+R, row_end)) x columns [k0, k0+S*KS) as [S, R_PAD, KS]
-    (column k0 + s*KS + kk; rows from R up are not read, and zero: padding for tl.dot). FP8 weights
-    come as [S, R_PAD, KS / 4] int32 words of four e4m3 bytes each (``e4m3_bf16``)."""
-    r = tl.arange(0, R_PAD)[None, :, None]
-    if w_ptr.dtype.element_ty == tl.float8e4nv:
-        tl.static_assert(K % 4 == 0, "FP8 rows are read as 4-byte words: K must be a multiple of 4")
-        KW: tl.constexpr = K // 4
-        i = k0 // 4 + tl.arange(0, S)[:, None, None] * (KS // 4) + tl.arange(0, KS // 4)[None, None, :]
-        w = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + (row0 + r) * KW + i,
-                    mask=(r < R) & (row0 + r < row_end) & (i < KW), other=0, eviction_policy="evict_first")
-    else:
-        k = k0 + tl.arange(0, S)[:, None, None] * KS + tl.arange(0, KS)[None, None, :]
-        w = tl.load(w_ptr + (row0 + r) * K + k, mask=(r < R) & (row0 + r < row_end) & (k < K), other=0.0,
-                    eviction_policy="evict_first")
-    return w
-
-
-# The batched tile's FP8 weights are made bf16 with integer ops, not the conversion unit (Triton's
-# e4m3 -> bf16 costs a conversion-unit op a weight, which bounds the tile on Hopper), on both 16-bit
-# halves of a word at once: bytes 0 and 2 of a word, or 1 and 3, become the bf16s with bits
-# sign << 15 | (e4m3 & 0x7f) << 4, the e4m3 value times 2^-120, exactly (a bf16 subnormal for an
-# e4m3 subnormal). A packed bf16 multiply by 2^120 then gives the plain conversion (bf16 arithmetic
-# keeps subnormals, so exactly), all normal numbers, which tensor cores cannot flush.
-E4M3_MAG2: tl.constexpr = tl.constexpr(0x07F007F0)                 # a half's exponent and mantissa, twice
-E4M3_SIGN2: tl.constexpr = tl.constexpr(0x80008000 - (1 << 32))    # a half's sign, twice, as int32
-
-
-@triton.jit
-def e4m3_halves(w):
-    """(bytes 0 and 2, bytes 1 and 3) of int32 words of four e4m3 bytes (little-endian), each byte in
-    a 16-bit half of the result: the bf16 bits of its value times 2^-120. Five integer ops a word."""
-    even = ((w << 4) & E4M3_MAG2) | ((w << 8) & E4M3_SIGN2)
-    odd = ((w >> 4) & E4M3_MAG2) | (w & E4M3_SIGN2)
-    return even, odd
-
-
-@triton.jit
-def _halves_times_2_120(v, F32: tl.constexpr):
-    """(the low half, the high half) of int32 ``v``, bf16 bits, times 2^120: as bf16 by a packed bf16
-    multiply, or with F32 as float32 by float32 multiplies of the bits moved to the top (the
-    interpreter's bf16 arithmetic flushes subnormals and rounds wrongly; a float32 model wants
-    float32 weights anyway)."""
-    if F32:
-        lo = (v << 16).to(tl.float32, bitcast=True) * 2.0 ** 120
-        hi = (v & -65536).to(tl.float32, bitcast=True) * 2.0 ** 120
-    else:
-        lo = (v & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True) * 2.0 ** 120
-        hi = (v >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True) * 2.0 ** 120
-    return lo, hi
-
-
-@triton.jit
-def e4m3_bf16(w, F32: tl.constexpr):
-    """[S, M, KW] int32 words of four e4m3 bytes (``load_wbs``) as [S, M, 4 * KW] bf16, column 4i + j
-    byte j of word i: for every byte but NaN exactly its bf16 conversion (with F32 that value as
-    float32, ``_halves_times_2_120``). Two weights cost five integer ops and a packed multiply."""
-    even, odd = e4m3_halves(w)
-    b0, b2 = _halves_times_2_120(even, F32)
-    b1, b3 = _halves_times_2_120(odd, F32)
-    # [S, M, KW, 2, 2]: element [.., i, p, q] is byte 2p + q of word i
-    j = tl.join(tl.join(b0, b2), tl.join(b1, b3))
-    return tl.reshape(j, [w.shape[0], w.shape[1], 4 * w.shape[2]])
-
-
-@triton.jit
-def load_sbs(w_ptr, ws_ptr, row0, row_end, K: tl.constexpr, k0, R: tl.constexpr, R_PAD: tl.constexpr,
-             S: tl.constexpr, KS: tl.constexpr, SB: tl.constexpr):
-    """The FP8 scales of ``load_wbs``' block as [S, R_PAD]: slice s (columns k0 + s*KS, KS <= 128,
-    so within one 128-column block) of row r has ws[(row0 + r) // SB, (k0 + s*KS) // 128]. A
-    float32 1 for 16-bit weights, which nothing reads."""
-    if w_ptr.dtype.element_ty == tl.float8e4nv:
-        KB: tl.constexpr = (K + 127) // 128
-        r = tl.arange(0, R_PAD)[None, :]
-        j = (k0 + tl.arange(0, S)[:, None] * KS) // 128
-        s = tl.load(ws_ptr + ((row0 + r) // SB) * KB + j, mask=(r < R) & (row0 + r < row_end) & (j < KB), other=0.0)
-    else:
-        s = tl.full([], 1.0, tl.float32)
-    return s
-
-
-@triton.jit
-def sum_squares(acc, x3, IEEE: tl.constexpr):
-    """acc + (x3 * x3) @ ones for a float32 [S, M, KS] block and a [S, M, 16] accumulator: every
-    column of acc gains each row's sum of squares over KS. A matrix product, not a tl.sum: a
-    tl.sum adds in the order of the register layout the compiler picks for x3, and that layout
-    differs between the persistent kernel and a per-op kernel, so one tile's rows would be
-    normalised by a 1/rms one float32 rounding apart; a dot adds in an order fixed by its shape.
-    The square goes in as three bf16 terms that sum to it exactly (bf16 has float32's exponent),
-    or as float32 with IEEE (float32 weights: the interpreter has no bf16 arithmetic)."""
-    ones = tl.full([x3.shape[0], x3.shape[2], 16], 1.0, tl.float32)
-    q = x3 * x3
-    if IEEE:
-        acc = tl.dot(q, ones, acc, input_precision="ieee")
-    else:
-        q1 = q.to(tl.bfloat16)
-        r = q - q1.to(tl.float32)
-        q2 = r.to(tl.bfloat16)
-        q3 = (r - q2.to(tl.float32)).to(tl.bfloat16)
-        ones = ones.to(tl.bfloat16)
-        acc = tl.dot(q3, ones, acc)     # the small terms first
-        acc = tl.dot(q2, ones, acc)
-        acc = tl.dot(q1, ones, acc)
-    return acc
-
-
-@triton.jit
 def sum_pairs(q):
     """The sums over the last axis of a [S, M, KS] block (KS a power of two) as [S, M, 1], as a tree:
     columns 2i and 2i + 1 are added, then those sums in pairs, and so on. Each step is one addition
-    of two numbers, so the result does not depend on the register layout, as ``sum_squares``' dot
-    does not, for far fewer operations; a tl.sum over KS would add in the layout's order."""
+    of two numbers, so the result does not depend on the register layout, as
+    ``batch_mma.sum_squares``' dot does not, for far fewer operations; a tl.sum over KS would add in
+    the layout's order."""
     for _ in tl.static_range(12):
         if q.shape[2] > 1:
             a, b = tl.split(tl.reshape(q, [q.shape[0], q.shape[1], q.shape[2] // 2, 2]))
             q = a + b
     return q
-
-
-@triton.jit
-def sum_slices(a):
-    """sum over axis 0 of a [S, M, N] block (S 1, 2 or 4) as [M, N], by halves: each step adds two
-    slices, one addition per element, so the result is the same in any register layout (a tl.sum
-    over 4 would add in the layout's order)."""
-    for _ in tl.static_range(2):
-        if a.shape[0] > 1:
-            a = tl.sum(tl.reshape(a, [2, a.shape[0] // 2, a.shape[1], a.shape[2]]), axis=0)
-    return tl.reshape(a, [a.shape[1], a.shape[2]])
-
-
-@triton.jit
-def load_xbs(x_ptr, nw_ptr, K: tl.constexpr, k0, NORM: tl.constexpr, B: tl.constexpr, B_PAD: tl.constexpr,
-             S: tl.constexpr, KS: tl.constexpr, IEEE: tl.constexpr, XBF16: tl.constexpr, ss):
-    """(columns [k0, k0+S*KS) of B float32 rows of K, read through L2 and times the norm weight
-    when NORM, as [S, B_PAD, KS]; the accumulator ``ss`` plus, with NORM, their sums of squares
-    over KS before the norm weight: [S, B_PAD, 16], every column the sum (``sum_squares``), or with
-    XBF16 [S, B_PAD, 1] (``sum_pairs``))."""
-    b = tl.arange(0, B_PAD)[None, :, None]
-    k = k0 + tl.arange(0, S)[:, None, None] * KS + tl.arange(0, KS)[None, None, :]
-    x = tl.load(x_ptr + b * K + k, mask=(b < B) & (k < K), other=0.0, cache_modifier=".cg").to(tl.float32)
-    if NORM:
-        if XBF16:
-            # the first level of sum_pairs' tree by hand: a fused multiply-add in one stated order,
-            # where the compiler could otherwise contract either product into the addition
-            a, b = tl.split(tl.reshape(x, [S, B_PAD, KS // 2, 2]))
-            ss += sum_pairs(tl.fma(a, a, b * b))
-        else:
-            ss = sum_squares(ss, x, IEEE)
-        x = x * tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-    return x, ss
 
 
 @triton.jit
@@ -578,175 +174,3 @@ def round_bf16(x):
     b = x.to(tl.int32, bitcast=True)
     b = (b + 0x7FFF + ((b >> 16) & 1)) & -65536
     return b.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def mac_dot_fp8(acc3, x3, w3, s3, EXACT: tl.constexpr, XBF16: tl.constexpr):
-    """``mac_dot`` of FP8 weights: acc3[s] += (x3[s] @ w3[s]^T) * scale[s] (per output row; a
-    slice lies in one 128-column block). ``w3``: ``load_wbs``' words; e4m3 converts to bf16
-    exactly (``e4m3_bf16``), so the MMAs see the stored weights and the scale is applied in
-    float32 to each slice's partial sum; with 16-bit activations x is split into a bf16 head and
-    remainder as in ``mac_dot``, or with XBF16 rounded to bf16. EXACT (a float32 model, the CPU's):
-    the product in full float32 instead (of x rounded to bf16 with XBF16, the same rounding)."""
-    wt = tl.permute(e4m3_bf16(w3, EXACT), (0, 2, 1))
-    if EXACT:
-        if XBF16:
-            x3 = round_bf16(x3)
-        part = tl.dot(x3, wt, input_precision="ieee")
-    else:
-        xh = x3.to(tl.bfloat16)
-        part = tl.dot(xh, wt)
-        if not XBF16:
-            xl = (x3 - xh.to(tl.float32)).to(tl.bfloat16)
-            part = tl.dot(xl, wt, part)
-    return acc3 + part * s3[:, None, :]
-
-
-@triton.jit
-def mac_dot(acc3, x3, w3, XBF16: tl.constexpr):
-    """acc3[s] += x3[s] @ w3[s]^T for each K-slice s, on tensor cores, accumulated in float32. Where
-    the block is small the slices are a batched dot, so each warp multiplies its own slice of K (a
-    single [16, 16] product would leave 4 warps computing copies of the same MMA tiles); the caller
-    sums over s once per tile. bf16 weights stay bf16 (half the registers of a TF32 operand) and
-    the float32 input is split into a bf16 head and a bf16 remainder, two MMAs: the product keeps
-    16 of x's 24 bits, so a batch decodes as its sequences would alone to about 1e-5 (the MMAs are
-    free: the tile waits on memory). With XBF16 the input is rounded to one bf16 operand instead
-    (one MMA, half the input's registers; as transformers multiplies bf16 weights). Other 16-bit
-    weights use TF32; float32 weights (the CPU) full float32, of x rounded to bf16 with XBF16 (so
-    the CPU's tests see that rounding)."""
-    wt = tl.permute(w3, (0, 2, 1))
-    if w3.dtype == tl.float32:
-        if XBF16:
-            x3 = round_bf16(x3)
-        acc3 = tl.dot(x3, wt, acc3, input_precision="ieee")
-    elif w3.dtype == tl.bfloat16:
-        xh = x3.to(tl.bfloat16)
-        acc3 = tl.dot(xh, wt, acc3)
-        if not XBF16:
-            xl = (x3 - xh.to(tl.float32)).to(tl.bfloat16)
-            acc3 = tl.dot(xl, wt, acc3)
-    else:
-        acc3 = tl.dot(x3, wt.to(tl.float32), acc3, input_precision="tf32")
-    return acc3
-
-
-@triton.jit
-def batch_mask(acc, row0, row_end, B: tl.constexpr, R: tl.constexpr):
-    """(rows [R_PAD], mask [B_PAD, R_PAD]) of a [B_PAD, R_PAD] block of a tile of R rows."""
-    bb = tl.arange(0, acc.shape[0])
-    rr = tl.arange(0, acc.shape[1])
-    rows = row0 + rr
-    return rows, (bb[:, None] < B) & ((rr < R) & (rows < row_end))[None, :]
-
-
-@triton.jit
-def _batch_epilogue(acc3, acc3_2, ss2, row0, row_end, out_ptr, aux_ptr, eps, B: tl.constexpr, N: tl.constexpr,
-                    K: tl.constexpr, R: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr):
-    """A ``batch_tiles`` tile's outputs from its K-sliced accumulators (``mac_dot``)."""
-    acc = sum_slices(acc3)
-    if NORM:
-        # each input row's 1/rms, [B_PAD, 1]: ss2's columns are equal, so their max is any one
-        rstd = 1.0 / tl.sqrt(tl.max(sum_slices(ss2), axis=1, keep_dims=True) / K + eps)
-        acc = acc * rstd
-    rows, ok = batch_mask(acc, row0, row_end, B, R)
-    bb = tl.arange(0, acc.shape[0])
-    offs = bb[:, None] * N + rows[None, :]
-    if EPI == GATEUP:
-        up = sum_slices(acc3_2)
-        if NORM:
-            up = up * rstd
-        acc = acc / (1.0 + tl.exp(-acc)) * up
-    if EPI == RESIDUAL:
-        acc += tl.load(out_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg")
-    tl.store(out_ptr + offs, acc, mask=ok)
-    if EPI == ARGMAX:
-        acc = tl.where(ok, acc, float("-inf"))
-        best = tl.max(acc, axis=1)
-        idx = tl.min(tl.where(acc == best[:, None], rows[None, :], 2147483647), axis=1)   # first maximum
-        tl.atomic_max(aux_ptr + bb, argmax_key(best, idx), mask=bb < B, sem=RELAXED, scope="gpu")
-
-
-@triton.jit
-def batch_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
-                B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, SB: tl.constexpr,
-                NORM: tl.constexpr, TWO: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr,
-                XBF16: tl.constexpr):
-    """Tiles [t0, t1) of R rows of out[B, N] = X[B, K] @ W[N, K]^T (each input row RMS-normalised
-    with its own statistics and the norm weight when NORM), weights read once for all B rows, then
-    the epilogue EPI (STORE, RESIDUAL, ARGMAX, or GATEUP with W2 the up rows beside W's gate rows).
-    FP8 weights come with their scales ``ws`` (``ws2``: W2's), SB rows a scale row. XBF16: the
-    input goes into the MMAs as one bf16 operand, not split in two (``mac_dot``).
-    After the wait on the input, one flat pipelined loop over (tile, K-chunk), so the pipeline
-    does not drain between tiles. (Asking for the first chunk before the wait, as the batch-1 tiles
-    do, did not pay here: more spills; docs/performance.md.) Returns the wait's last counter value."""
-    # (the plan refuses batches above 128 and cuts tiles at 128 rows: ops.MAX_BATCH, BATCH_MAX_ROWS)
-    B_PAD: tl.constexpr = 16 if B <= 16 else 32 if B <= 32 else 64 if B <= 64 else 128
-    R_PAD: tl.constexpr = 16 if R <= 16 else 32 if R <= 32 else 64 if R <= 64 else 128
-    KP: tl.constexpr = 16 if K <= 16 else 32 if K <= 32 else 64 if K <= 64 else 128 if K <= 128 else \
-        256 if K <= 256 else 512 if K <= 512 else 1024 if K <= 1024 else 2048 if K <= 2048 else 4096
-    KC0: tl.constexpr = BW_ELEMS // R_PAD
-    KC1: tl.constexpr = KC0 if KC0 * B_PAD <= BX_ELEMS else BX_ELEMS // B_PAD
-    KC2: tl.constexpr = 16 if KC1 < 16 else KC1
-    KC: tl.constexpr = KP if KC2 > KP else KC2
-    NKC: tl.constexpr = (K + KC - 1) // KC
-    # K-slices, one per warp, where the block has few MMA tiles; at least 16 columns each
-    S0: tl.constexpr = 4 if B_PAD * R_PAD <= 256 else 2 if B_PAD * R_PAD <= 1024 else 1
-    S: tl.constexpr = S0 if KC // S0 >= 16 else 1
-    KS: tl.constexpr = KC // S
-    FP8: tl.constexpr = w_ptr.dtype.element_ty == tl.float8e4nv
-    # a float32 model (the CPU's) multiplies FP8 weights in float32; the norm weight is in the
-    # model's dtype (O and down pass their input there, also in the model's dtype)
-    EXACT: tl.constexpr = nw_ptr.dtype.element_ty == tl.float32
-    IEEE: tl.constexpr = EXACT     # sums of squares as float32 products (the interpreter's bf16 dot is not exact)
-    if FP8:
-        tl.static_assert(KS <= 128, "an FP8 K-slice must lie in one 128-column scale block")
-    # a stage's bytes: the weight chunk(s) at the weights' own width (float32 ones take twice a
-    # 16-bit chunk's shared memory, FP8 ones half) and the float32 input chunk
-    WBYTES: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-    CHUNK_BYTES: tl.constexpr = (2 if TWO else 1) * R_PAD * KC * WBYTES + B_PAD * KC * 4
-    # float32 weights (the float32 test models) get half the budget: each batched kind's pipeline
-    # takes its own shared memory, and at full budget they outgrow an SM
-    AHEAD: tl.constexpr = (SMEM_BYTES // 2 if WBYTES > 2 else SMEM_BYTES) // CHUNK_BYTES
-    STAGES: tl.constexpr = 2 if AHEAD < 1 else 1 + (MAX_AHEAD if AHEAD > MAX_AHEAD else AHEAD)
-    row_end = tl.minimum(t1 * R, N)
-    seen = target
-    if WAIT:
-        seen = wait_counter(cnt_ptr, target, SPIN)
-    acc3 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
-    acc3_2 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
-    SSW: tl.constexpr = 1 if XBF16 else 16     # sums of squares (NORM): 16 equal columns of a dot, or a tree's one
-    ss2 = tl.zeros([S, B_PAD, SSW], dtype=tl.float32)
-    for it in tl.range(0, (t1 - t0) * NKC, num_stages=STAGES):
-        q = it // NKC
-        t = t0 + q
-        k0 = (it - q * NKC) * KC     # (no int % constexpr in Triton's interpreter)
-        w = load_wbs(w_ptr, t * R, row_end, K, k0, R, R_PAD, S, KS)
-        if TWO:
-            w2 = load_wbs(w2_ptr, t * R, row_end, K, k0, R, R_PAD, S, KS)
-        x, ss2 = load_xbs(in_ptr, nw_ptr, K, k0, NORM, B, B_PAD, S, KS, IEEE, XBF16, ss2)
-        if FP8:
-            sw = load_sbs(w_ptr, ws_ptr, t * R, row_end, K, k0, R, R_PAD, S, KS, SB)
-            acc3 = mac_dot_fp8(acc3, x, w, sw, EXACT, XBF16)
-            if TWO:
-                sw2 = load_sbs(w2_ptr, ws2_ptr, t * R, row_end, K, k0, R, R_PAD, S, KS, SB)
-                acc3_2 = mac_dot_fp8(acc3_2, x, w2, sw2, EXACT, XBF16)
-        else:
-            acc3 = mac_dot(acc3, x, w, XBF16)
-            if TWO:
-                acc3_2 = mac_dot(acc3_2, x, w2, XBF16)
-        if k0 + KC >= K:     # the tile's last chunk: its epilogue, then a fresh accumulator
-            _batch_epilogue(acc3, acc3_2, ss2, t * R, row_end, out_ptr, aux_ptr, eps, B, N, K, R, NORM, EPI)
-            acc3 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
-            acc3_2 = tl.zeros([S, B_PAD, R_PAD], dtype=tl.float32)
-            ss2 = tl.zeros([S, B_PAD, SSW], dtype=tl.float32)
-    return seen
-
-
-@triton.jit
-def gemv_batch(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
-               B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
-               SB: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr,
-               XBF16: tl.constexpr):
-    """``gemv_tile`` for batched plans (``batch_tiles``)."""
-    return batch_tiles(t0, t1, w_ptr, w_ptr, ws_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
-                       B, N, K, R, SB, NORM, False, EPI, WAIT, SPIN, XBF16)

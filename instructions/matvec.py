@@ -17,9 +17,10 @@ import triton.language as tl
 
 from scheduler.kinds import Op
 
-from .common import (ARGMAX, BT_BF16, BT_SWAP, GATEUP, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT,
-                     T_WAITED, batch_tiles, claim, dot_rows2, load_nw, load_s, load_w, load_xn, next_tile, stamp,
-                     wait_counter)
+from .batch_mma import batch_tiles
+from .common import (ARGMAX, BT_BF16, BT_SWAP, GATEUP, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, claim,
+                     next_tile, stamp, wait_counter)
+from .gemv import dot_rows2, load_nw, load_s, load_w, load_xn
 from .kind import DeviceKind, split_rows, weight_rows
 from .tiles import TICK_DOWN, TICK_GU, TICK_O, TICK_STRIDE, gemv_tile
 from .wgmma import swap_tiles
@@ -151,7 +152,7 @@ def gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, wgus_ptr, postnorm_ptr, act_ptr,
                  B: tl.constexpr, H: tl.constexpr, I: tl.constexpr, R: tl.constexpr, BK: tl.constexpr,
                  SB: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, XBF16: tl.constexpr):
     """``gateup_tile`` for batched plans: gate and up weights read once per tile for all B rows, which
-    share each K-chunk's input load (``common.batch_tiles``)."""
+    share each K-chunk's input load (``batch_mma.batch_tiles``)."""
     g_ptr = wgu_ptr + tl.cast(layer, tl.int64) * (2 * I * H)
     gs_ptr, us_ptr = _gateup_scales(wgus_ptr, layer, H, I, SB)
     return batch_tiles(t0, t1, g_ptr, g_ptr + I * H, gs_ptr, us_ptr, x_ptr, postnorm_ptr + layer * H, eps, act_ptr,

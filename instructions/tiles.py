@@ -1,7 +1,7 @@
 """The GEMV tiles' dispatch: which tile family runs a projection's tiles, by the plan's ``BT``.
 
-- 0: the register tiles (``common.gemv_rows_tiles``; batch 1, and the per-sequence loop);
-- BT_SPLIT, BT_BF16: the batch-on-M tile (``common.batch_tiles``, mma.sync);
+- 0: the register tiles (``gemv.gemv_rows_tiles``; batch 1, and the per-sequence loop);
+- BT_SPLIT, BT_BF16: the batch-on-M tile (``batch_mma.batch_tiles``, mma.sync);
 - BT_SWAP, BT_SWAP_BF16, BT_SWAP_FP8: the weights-on-M tile (``instructions.wgmma``, wgmma on Hopper).
 The second of each feeds the MMA one bf16 input operand instead of a split one; the third, with FP8
 weights, e4m3 inputs (w8a8).
@@ -10,7 +10,9 @@ weights, e4m3 inputs (w8a8).
 import triton
 import triton.language as tl
 
-from .common import BT_BF16, BT_SWAP, RESIDUAL, gemv_batch, gemv_rows_tiles
+from .batch_mma import gemv_batch
+from .common import BT_BF16, BT_SWAP, RESIDUAL
+from .gemv import gemv_rows_tiles
 from .wgmma import swap_tiles
 
 # The ticket words of the K-split stages (``kticks``): a row of TICK_STRIDE words for each of QKV,

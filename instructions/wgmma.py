@@ -3,7 +3,7 @@
 out[B, N] = X[B, K] @ W[N, K]^T is computed transposed, out^T = W @ X^T: a tile holds BM = 64 or
 128 weight rows and multiplies them by the batch's input as the dot's N side (padded to 8, 16, 32
 or 64). Triton emits Hopper's wgmma only where the dot's M is a multiple of 64; the batch on M (the
-older tile, ``common.batch_tiles``) left it on mma.sync. This is the operand swap of Mirage MPK's
+older tile, ``batch_mma.batch_tiles``) left it on mma.sync. This is the operand swap of Mirage MPK's
 Hopper linear task and of the small-M fused-MoE kernels in SGLang and vLLM.
 
 A stage has cdiv(N, R) row blocks and SK K-splits each (plan fields ``R_*`` and ``SK_*``); tile t
@@ -21,7 +21,7 @@ straight from memory, so Triton's pipeliner stages them into shared memory besid
 the wgmma reads them there; and it scales each sequence's sums by its 1/rms in the epilogue.
 
 Numerics: the input contract is the plan's BATCH_INPUT (``XIN`` here):
-- split (0): as ``common.mac_dot``'s contract. The float32 input (times the norm weight) goes in as
+- split (0): as ``batch_mma.mac_dot``'s contract. The float32 input (times the norm weight) goes in as
   a bf16 head and a bf16 remainder, two MMAs sharing the weight operand, so the sums keep about 16
   bits of it (a 16-bit input, O's and down's, is exact in one);
 - bf16 (1): only the head, one MMA;
@@ -38,13 +38,13 @@ persistent kernel agree bitwise.
 import triton
 import triton.language as tl
 
-from .common import ARGMAX, GATEUP, RELAXED, RESIDUAL, argmax_key, e4m3_bf16, round_bf16, sum_pairs, wait_counter
+from .common import ARGMAX, GATEUP, RELAXED, RESIDUAL, argmax_key, round_bf16, sum_pairs, wait_counter
+from .fp8 import e4m3_bf16, quantize_e4m3
 
 # the tile's input contracts (``XIN``; the plan's BATCH_INPUT, module doc)
 XIN_SPLIT: tl.constexpr = tl.constexpr(0)
 XIN_BF16: tl.constexpr = tl.constexpr(1)
 XIN_FP8: tl.constexpr = tl.constexpr(2)
-FP8_MAX: tl.constexpr = tl.constexpr(448.0)     # the largest finite e4m3 value
 
 # A program's pipeline: its stages (each a chunk of weights and of input; Triton's pipeliner keeps
 # up to num_stages buffers of each in shared memory) within this many bytes, 2 to MAX_STAGES of them,
@@ -60,35 +60,6 @@ def tree_sum(q):
     """The sums over the last axis of a 2-D block (a power of two wide) as [rows], by
     ``common.sum_pairs``' pairwise tree (the same bits in any register layout)."""
     return tl.reshape(sum_pairs(tl.reshape(q, [1, q.shape[0], q.shape[1]])), [q.shape[0]])
-
-
-@triton.jit
-def round_e4m3(v):
-    """float32 v (|v| <= 448) rounded to the nearest e4m3 value (ties to even, as the GPU's
-    conversion), as float32, by float32 arithmetic: Triton's interpreter does not carry a rounded
-    mantissa into the exponent in ``.to(tl.float8e4nv)``. e4m3 keeps 3 mantissa bits down to 2^-6,
-    then steps of 2^-9."""
-    e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    e = tl.maximum(e, -6)
-    quantum = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
-    MAGIC: tl.constexpr = 12582912.0          # 1.5 * 2^23: adding and taking it away rounds to an integer
-    r = (v / quantum + MAGIC) - MAGIC
-    return r * quantum
-
-
-@triton.jit
-def quantize_e4m3(y, EXACT: tl.constexpr):
-    """Each row of float32 y [BP, 128] as e4m3 with one scale: (q, scale [BP]), y ~ q * scale.
-    scale = max(amax, 1e-10) / 448 (vLLM's per-token-group quantization); with EXACT q stays
-    float32 (``round_e4m3``), else it is tl.float8e4nv for the FP8 tensor cores."""
-    amax = tl.max(tl.abs(y), axis=1)
-    scale = tl.maximum(amax, 1e-10) / FP8_MAX
-    v = tl.clamp(y / scale[:, None], -FP8_MAX, FP8_MAX)
-    if EXACT:
-        q = round_e4m3(v)
-    else:
-        q = v.to(tl.float8e4nv)
-    return q, scale
 
 
 @triton.jit
@@ -124,7 +95,7 @@ def load_rstd(xss_ptr, eps, B: tl.constexpr, H: tl.constexpr, BP: tl.constexpr):
 def _load_w(w_ptr, row0, rows_ok, K: tl.constexpr, k0, BM: tl.constexpr, KC: tl.constexpr, RAW: tl.constexpr):
     """Weight rows [row0, row0 + BM) x columns [k0, k0 + KC) as [BM, KC] (masked rows and columns
     read as 0); FP8 weights as e4m3 with RAW (w8a8 on the GPU), else as [BM, KC / 4] int32 words of
-    four e4m3 bytes (``common.e4m3_bf16``). Read once a step: evicted first, so the activations
+    four e4m3 bytes (``fp8.e4m3_bf16``). Read once a step: evicted first, so the activations
     keep the cache."""
     r = row0 + tl.arange(0, BM)
     if w_ptr.dtype.element_ty == tl.float8e4nv and not RAW:

@@ -84,7 +84,7 @@ def next_pow2(n: int) -> int:
     return 1 << (max(1, n) - 1).bit_length()
 
 
-# How a batched tile (instructions.common.batch_tiles) feeds its float32 input to the tensor cores
+# How a batched tile (instructions.batch_mma.batch_tiles) feeds its float32 input to the tensor cores
 # beside 16-bit or FP8 weights: "split" into a bf16 head and a bf16 remainder, two MMAs a weight
 # block, about 16 bits of the input kept; "bf16" rounded to one bf16 operand, one MMA (as
 # transformers and vLLM multiply bf16 weights), with the RMSNorm sums of squares added by a
@@ -122,7 +122,7 @@ class Plan:
     KV_STAGES: int = 3  # attention's software pipeline over KV blocks (KV_STAGES - 1 in flight; 1: none)
     ATTN_NEW: int = 0   # 1: attention's split 0 holds the new position alone, splits 1.. the cache
     # GEMV tiles: 0 loop over the sequences with weights in registers; from batch 2 the weights are
-    # read once for all B rows, by the batch-on-M tile (1, instructions.common.batch_tiles) or the
+    # read once for all B rows, by the batch-on-M tile (1, instructions.batch_mma.batch_tiles) or the
     # weights-on-M tile (2, instructions.wgmma: Hopper's wgmma, and K-splits SK_*)
     BATCHED: int = 0
     POOL_O: int = 0     # the stage's last tiles claimed at run time (module doc; 0: none)
@@ -196,7 +196,7 @@ class Plan:
 
     @property
     def BT(self) -> int:
-        """The GEMV tiles' kind as the kernels dispatch on it (``instructions.common.gemv_tile``):
+        """The GEMV tiles' kind as the kernels dispatch on it (``instructions.tiles.gemv_tile``):
         0 the register tiles, 1 + BATCH_INPUT the batch-on-M tile, 3 + BATCH_INPUT the weights-on-M one."""
         return 0 if not self.BATCHED else 2 * self.BATCHED - 1 + self.BATCH_INPUT
 
@@ -211,13 +211,13 @@ class Plan:
 
 
 # Batched plans (batch 2 and up) read each weight once per step for the whole batch
-# (instructions.common.batch_tiles): every worker gets about one tile of about N / workers rows,
+# (instructions.batch_mma.batch_tiles): every worker gets about one tile of about N / workers rows,
 # so it reads the batch's input rows about once per stage; tiles of more than BATCH_MAX_ROWS rows
 # are cut into several (the LM head), walked by one pipelined loop.
 BATCH_MAX_ROWS = 128
 BATCH_MIN_ROWS = 16     # tl.dot's N minimum: fewer rows would only pad
 # The batched tile pads the batch to a power of two of at most this many rows
-# (instructions.common.batch_tiles); a larger batch is refused rather than cut short.
+# (instructions.batch_mma.batch_tiles); a larger batch is refused rather than cut short.
 MAX_BATCH = 128
 
 

@@ -59,9 +59,9 @@ def test_batch_input_variants_agree_across_backends_and_with_hf(tiny_checkpoint,
     if chunk_cols:
         import triton.language as tl
 
-        import instructions.common as common
+        import instructions.batch_mma as batch_mma
         import instructions.wgmma as wgmma
-        monkeypatch.setattr(common, "BW_ELEMS", tl.constexpr(16 * chunk_cols))
+        monkeypatch.setattr(batch_mma, "BW_ELEMS", tl.constexpr(16 * chunk_cols))
         monkeypatch.setattr(wgmma, "KC_SWAP", tl.constexpr(chunk_cols))
     tiny = tiny_checkpoint(**(FP8_SHAPE if fp8 else SHAPE))
     real = write_fp8_checkpoint(tiny) if fp8 else None

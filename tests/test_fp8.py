@@ -427,7 +427,7 @@ def test_fp8_weights_save_in_qwens_layout_and_load_back(tmp_path):
 import triton  # noqa: E402  (after megakernel, which picks the interpreter on the CPU)
 import triton.language as tl  # noqa: E402
 
-from instructions.common import e4m3_bf16, e4m3_halves  # noqa: E402
+from instructions.fp8 import e4m3_bf16, e4m3_halves  # noqa: E402
 
 
 @triton.jit

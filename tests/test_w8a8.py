@@ -54,7 +54,7 @@ def test_w8a8_linear_is_the_blockwise_product(seed):
 
 @triton.jit
 def _round(v_ptr, out_ptr, N: tl.constexpr):
-    from instructions.wgmma import round_e4m3
+    from instructions.fp8 import round_e4m3
     i = tl.arange(0, N)
     tl.store(out_ptr + i, round_e4m3(tl.load(v_ptr + i)))
 

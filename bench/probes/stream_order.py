@@ -101,7 +101,7 @@ def stream_gemv2(w_ptr, x_ptr, out_ptr, N, P, K: tl.constexpr, R: tl.constexpr, 
                  BK: tl.constexpr, TAIL: tl.constexpr):
     """``stream_gemv`` in ``blocks`` order for a K of one chunk of BK plus, with TAIL, a second chunk
     of TAIL columns (masked past K; TAIL = BK is the megakernel's second chunk at hidden 5120),
-    loaded when the tile starts, as ``common.dot_rows`` does."""
+    loaded when the tile starts, as ``gemv.dot_rows`` does."""
     pid = tl.program_id(0)
     r = tl.arange(0, R)
     k = tl.arange(0, BK)
