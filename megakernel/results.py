@@ -480,7 +480,7 @@ def questions_markdown(rows: list[dict], plots: str | Path, rel_to: str | Path, 
 
     mk = {(r["device"], r["model"], r["batch_size"], fp8_scheme(r)): r for r in dec
           if r["backend"] == "megakernel" and _tp(r) == 1 and r.get("plan") != "tuned"}
-    keys = sorted({k[:3] for k in mk if k[3] and k[:3] + ("16-bit",) in mk},
+    keys = sorted({k[:3] for k in mk if k[3] != "16-bit" and k[:3] + ("16-bit",) in mk},
                   key=lambda k: (k[0], _model_key(k[1]), k[2]))
     out += ["", "**What does FP8 buy?** megakernel ms per step, block-FP8 projections (weight-only, and w8a8: "
                 "FP8 activations too) against 16-bit weights:", ""]

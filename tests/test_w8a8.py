@@ -131,3 +131,18 @@ def test_vm_refuses_w8a8():
     with pytest.raises(ValueError, match="vm backend's references multiply weight-only FP8"):
         MegaQwen3(model, backend="vm", max_seq_len=16)
     assert MegaQwen3(model, backend="vm", max_seq_len=16, fp8_activations="none").w8a8 is False
+
+
+def test_results_table_sets_w8a8_beside_weight_only_and_16_bit(tmp_path):
+    """The README's FP8 question: one line a model and batch with an FP8 row, its 16-bit, weight-only
+    and w8a8 figures side by side (FP8 rows from before w8a8 count as weight-only); settings without
+    an FP8 row are left out."""
+    from megakernel import results
+    base = dict(device="NVIDIA H100 80GB HBM3", model="8b", batch_size=8, backend="megakernel", tp=1, plan="rules",
+                prompt_len=128, new_tokens=128, dtype="bfloat16", time="0", error=None)
+    rows = [dict(base, ms_per_step=6.0), dict(base, ms_per_step=4.5, quantization="fp8"),
+            dict(base, ms_per_step=4.0, quantization="fp8", fp8_activations="dynamic"),
+            dict(base, batch_size=16, ms_per_step=6.5)]
+    text = results.questions_markdown(rows, tmp_path, tmp_path)
+    assert "| 8b on H100 | 8 | 6.000 | 4.500 | 4.000 | 0.67 |" in text
+    assert "| 8b on H100 | 16 |" not in text.split("What does FP8 buy?")[1].split("Plot")[0]
