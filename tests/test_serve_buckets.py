@@ -372,3 +372,38 @@ def test_openai_client_on_the_multi_step_server(tmp_path, seed):
             model=s.name, messages=[{"role": "user", "content": "the cat sat"}], max_tokens=12, temperature=0,
             extra_body={"ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}})
         assert full.choices[0].message.content == "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def test_first_tokens_go_out_before_the_launch_that_follows(ids_ckpt):
+    """An admitted request's first token is handed to its client as soon as its prefill is done,
+    not after the (possibly many-step) decode launch of the same turn: on a GPU that launch is up
+    to --max-launch-ms, which the time to first token would otherwise pay."""
+    from megakernel.serve.engine import Engine, GenParams, Request
+    from megakernel.serve.metrics import Metrics
+    from models.qwen3.sampling import SamplingParams
+    mk = MegaQwen3(ids_ckpt.model, max_seq_len=MAX_SEQ_LEN, batch_size=4, backend="reference", buckets=(1, 2),
+                   steps_per_launch=64)
+    engine = Engine(mk, Metrics(4, 8), max_launch_ms=20)
+    engine.step_s = {n: 0.0001 for n in mk.buckets}
+    order = []
+    step_slots, deliver = mk.step_slots, engine._deliver
+
+    def step(*args, **kw):
+        order.append("launch")
+        return step_slots(*args, **kw)
+
+    def hand_out(events):
+        order.append([type(ev).__name__ for _, ev in events])
+        deliver(events)
+
+    mk.step_slots, engine._deliver = step, hand_out
+
+    async def turn():
+        req = Request([prompts(ids_ckpt.vocab, 1, 7)[0]], GenParams(SamplingParams(), 8), lambda ids: "")
+        engine.queue.extend(req.seqs)
+        engine._turn([])
+        return req
+
+    req = asyncio.run(turn())
+    assert order[:2] == [["Delta"], "launch"], order
+    assert len(req.seqs[0].out_ids) > 1      # the launch ran several steps after the first token

@@ -261,6 +261,9 @@ class Engine:
         if self._cancels:
             self._drop_cancelled()
         self._admit(events)
+        if events:      # the first tokens go out now, not after the launch that follows
+            self._deliver(events)
+            events.clear()
         n = self.count
         self.metrics.running.set(n)
         if n:
