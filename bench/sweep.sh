@@ -7,9 +7,10 @@
 #   bash bench/sweep.sh --print PART      # its commands, without running them
 #   bash bench/sweep.sh PART [PART...]    # run them (exit status 1 if any command failed)
 #
-# A part's time is a guess from earlier runs (compiled peers take 30-70 s to compile per setting,
-# which is what made one 8b run of three batches pass 570 s); a bench cut short keeps the rows that
-# finished (marked partial), so a part that overruns loses only its last setting. RECORD=path
+# A part's time is a guess from earlier runs (compiled peers take 30-75 s to compile per setting; on
+# an H100 one call fit 0.6b at batch 1, 4 and 8 with every peer, or 8b at two batches, so run one
+# part a call); a bench cut short keeps the rows that finished (marked partial), so a part that
+# overruns loses only its last setting. RECORD=path
 # records elsewhere. On an 80 GB H100, 32b beside the transformers peer may not fit twice: the
 # bench reports that backend's failure in its row and runs the others.
 set -u
@@ -24,7 +25,8 @@ PARTS=(
   "sizes-8b-14b|1|8b and 14b at batch 1, beside cuda-graph"
   "sizes-32b|1|32b at batch 1, beside cuda-graph"
   "decode-0.6b-a|1|0.6b at batch 1, 4 and 8 beside cuda-graph, torch-compile and hf-compile"
-  "decode-0.6b-b|1|0.6b at batch 16, 32 and 64 beside the same peers"
+  "decode-0.6b-b|1|0.6b at batch 16 and 32 beside the same peers"
+  "decode-0.6b-c|1|0.6b at batch 64 beside the same peers"
   "decode-8b-a|1|8b at batch 1 and 4 beside the same peers"
   "decode-8b-b|1|8b at batch 8 and 16 beside the same peers"
   "decode-8b-c|1|8b at batch 32 and 64 beside the same peers"
@@ -34,7 +36,9 @@ PARTS=(
   "prefill-0.6b|1|0.6b prefill at 128 to 32k tokens, beside transformers"
   "prefill-8b|1|8b prefill at 128 to 32k tokens, beside transformers"
   "prefill-32b|1|32b prefill at 128 to 32k tokens, beside transformers"
-  "fp8|1|0.6b and 8b with FP8 projections at batch 1, 8 and 16, beside cuda-graph"
+  "fp8|1|0.6b and 8b with FP8 projections, w8a8 (the default), at batch 1, 8 and 16, beside cuda-graph"
+  "fp8-weight-only|1|0.6b and 8b with FP8 projections, weight-only (--fp8-activations none), at batch 1, 8 and 16"
+  "fp8-32b|1|32b with FP8 projections, w8a8 and weight-only, at batch 1"
   "tp-8b|4|8b at TP 1, 2 and 4, batch 1 and 8, beside cuda-graph at the same TP"
   "tp-14b|4|14b at TP 1, 2 and 4, batch 1 and 8, beside cuda-graph at the same TP"
   "tp-32b|4|32b at TP 1, 2 and 4, batch 1 and 8, beside cuda-graph at the same TP"
@@ -48,7 +52,8 @@ commands() {    # the commands of part $1, one a line
     sizes-8b-14b)  for m in 8b 14b; do echo "$BENCH -m $m --batch-size 1 --compare cuda-graph"; done ;;
     sizes-32b)     echo "$BENCH -m 32b --batch-size 1 --compare cuda-graph" ;;
     decode-0.6b-a) echo "$BENCH -m 0.6b --batch-size 1,4,8 $PEERS" ;;
-    decode-0.6b-b) echo "$BENCH -m 0.6b --batch-size 16,32,64 $PEERS" ;;
+    decode-0.6b-b) echo "$BENCH -m 0.6b --batch-size 16,32 $PEERS" ;;
+    decode-0.6b-c) echo "$BENCH -m 0.6b --batch-size 64 $PEERS" ;;
     decode-8b-a)   echo "$BENCH -m 8b --batch-size 1,4 $PEERS" ;;
     decode-8b-b)   echo "$BENCH -m 8b --batch-size 8,16 $PEERS" ;;
     decode-8b-c)   echo "$BENCH -m 8b --batch-size 32,64 $PEERS" ;;
@@ -58,6 +63,10 @@ commands() {    # the commands of part $1, one a line
     prefill-*)     echo "python -m megakernel.bench --random-weights -m ${1#prefill-} $PREFILL --record $RECORD" ;;
     fp8)           for m in 0.6b 8b; do
                        echo "$BENCH -m $m --quantize fp8 --batch-size 1,8,16 --compare cuda-graph"; done ;;
+    fp8-weight-only) for m in 0.6b 8b; do
+                       echo "$BENCH -m $m --quantize fp8 --fp8-activations none --batch-size 1,8,16 --compare megakernel"; done ;;
+    fp8-32b)       for a in dynamic none; do
+                       echo "$BENCH -m 32b --quantize fp8 --fp8-activations $a --batch-size 1 --compare megakernel"; done ;;
     tp-*)          for tp in 1 2 4; do
                        echo "$BENCH -m ${1#tp-} --tp $tp --batch-size 1,8 --compare cuda-graph"; done ;;
     tune-*)        # the bench's max_seq_len is 128 + 128 + 8 = 264: tune that bucket
