@@ -28,7 +28,6 @@ each kind live in ``instructions/<module>.py``.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from functools import partial
 from math import gcd
 
 from .kinds import KINDS, Op, cdiv as _cdiv, kind
