@@ -15,7 +15,11 @@ of adding into x. ``REDUCE`` tiles then add every rank's partial into x:
    rank) is set;
 4. sum the tile's rows of the partials in rank order 0, 1, ... (every rank adds the same numbers
    in the same order, so x stays bit-identical on every rank, and so do the logits and the token)
-   and add the sum into x.
+   and add the sum into x;
+5. on the weights-on-M tile (plans of ``BATCHED`` 2, ``XS``): write the new x's ``xs`` and ``xss``
+   (``wgmma.write_xs``, a 64-column block at a time, with the norm weight of the stage that reads
+   x next: ``slot_norm``), which O's and down's residual epilogue writes at TP 1 and which the
+   normalised stages (QKV, gate/up, the LM head) read instead of x.
 
 Why a rank never overwrites a partial a peer still reads: a rank writes slot k again only in the
 next step, after its own REDUCE of slot k + 1 (cyclically, through the step boundary) has seen
@@ -34,7 +38,8 @@ flag never came; ``ABORTED - r``: rank r aborted the run), which the kernel reco
 timed-out wait and the host reports (``megakernel.tp.RankError``).
 
 The per-op backends run REDUCE as torch.distributed's all-reduce between launches (``reduce_host``,
-the ``host`` of its kind); the VM runs ``reduce_ref``, an all-gather summed in rank order.
+the ``host`` of its kind, then ``xs_kernel`` for xs and xss); the VM runs ``reduce_ref``, an
+all-gather summed in rank order (no xs: the VM's references normalise x themselves).
 """
 
 import triton
@@ -44,7 +49,9 @@ from scheduler.kinds import Op
 
 from .common import ACQUIRE, RELAXED, RELEASE, STORE, wait_counter
 from .kind import DeviceKind, split_rows, weight_rows
+from .matvec import next_norm
 from .tiles import TICK_DOWN, TICK_O, TICK_STRIDE, gemv_tile
+from .wgmma import SS_ROWS, write_xs
 
 # ``seen`` codes of a REDUCE that gave up (below every legal count, which is >= 0)
 PEER_TIMEOUT: tl.constexpr = tl.constexpr(-16)          # - r: rank r's flag never reached this step
@@ -62,7 +69,7 @@ def partial_tile(t0, t1, layer, slot, in_ptr, w_base, ws_base, part_ptr, cnt_ptr
                      ws_base + layer * ((N + SB - 1) // SB * ((K + 127) // 128)), in_ptr, in_ptr, 0.0,
                      part_ptr + tl.cast(slot, tl.int64) * (B * N), part_ptr, cnt_ptr, target, B, N, K, R, BK, SB,
                      False, STORE, WAIT, SPIN, BT, tr, TRACE, POOL, claims_ptr, claims_base, kpart_ptr, tick_ptr, SK,
-                     part_ptr, part_ptr, part_ptr)     # (no xs: the plans of TP > 1 keep the batch-on-M tile)
+                     part_ptr, part_ptr, part_ptr)     # (no xs here: the REDUCE after it writes x's)
 
 
 @triton.jit
@@ -82,9 +89,13 @@ def wait_peer(flag_ptr, want, abort_ptr, SPIN: tl.constexpr):
 @triton.jit
 def reduce_tile(t0, t1, slot, part_ptr, x_ptr, peers_ptr, flags_ptr, cnt_ptr, target, step1,
                 B: tl.constexpr, H: tl.constexpr, R: tl.constexpr, TP: tl.constexpr, WAIT: tl.constexpr,
-                SPIN: tl.constexpr):
+                SPIN: tl.constexpr, input_norm_ptr, post_norm_ptr, final_norm_ptr, xs_ptr, xss_ptr,
+                L: tl.constexpr, XS: tl.constexpr):
     """x[b, rows] += sum over ranks r (in order) of part_r[slot, b, rows], for tiles [t0, t1) of R
-    rows, once every rank has published its partial of this step (``step1``: epoch + 1). Module doc."""
+    rows, once every rank has published its partial of this step (``step1``: epoch + 1). Module doc.
+    XS (plans on the weights-on-M tile): the new x's rows also go to ``xs`` and ``xss`` times the
+    norm weight of the stage after the slot (``slot_norm``), as O's and down's XOUT epilogue
+    writes them at TP 1 (``wgmma.write_xs``, the same bits for the same x)."""
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
@@ -100,17 +111,63 @@ def reduce_tile(t0, t1, slot, part_ptr, x_ptr, peers_ptr, flags_ptr, cnt_ptr, ta
                     seen = PEER_TIMEOUT - r
         if seen >= 0:
             off = tl.cast(slot, tl.int64) * (B * H)
-            for t in range(t0, t1):
-                rows = t * R + tl.arange(0, R)
-                m = rows < H
-                for b in range(B):
-                    acc = tl.zeros([R], dtype=tl.float32)
-                    for r in tl.static_range(TP):
-                        part = tl.load(peers_ptr + r).to(tl.pointer_type(tl.float32))
-                        acc += tl.load(part + off + b * H + rows, mask=m, other=0.0, cache_modifier=".cv")
-                    x = tl.load(x_ptr + b * H + rows, mask=m, other=0.0, cache_modifier=".cg")
-                    tl.store(x_ptr + b * H + rows, x + acc, mask=m)
+            if XS:
+                _reduce_xs(t0, t1, slot, off, x_ptr, peers_ptr, input_norm_ptr, post_norm_ptr, final_norm_ptr,
+                           xs_ptr, xss_ptr, B, H, R, TP, L)
+            else:
+                for t in range(t0, t1):
+                    rows = t * R + tl.arange(0, R)
+                    m = rows < H
+                    for b in range(B):
+                        acc = tl.zeros([R], dtype=tl.float32)
+                        for r in tl.static_range(TP):
+                            part = tl.load(peers_ptr + r).to(tl.pointer_type(tl.float32))
+                            acc += tl.load(part + off + b * H + rows, mask=m, other=0.0, cache_modifier=".cv")
+                        x = tl.load(x_ptr + b * H + rows, mask=m, other=0.0, cache_modifier=".cg")
+                        tl.store(x_ptr + b * H + rows, x + acc, mask=m)
     return seen
+
+
+@triton.jit
+def slot_norm(slot, input_norm_ptr, post_norm_ptr, final_norm_ptr, H: tl.constexpr, L: tl.constexpr):
+    """The norm weight of the stage that reads x after REDUCE of ``slot``: after O (slot 2 l) the
+    post-attention norm of layer l; after down (2 l + 1) the next layer's input norm, or the final
+    norm after the last layer (``matvec.next_norm``)."""
+    layer = slot // 2
+    if slot % 2 == 0:
+        p = post_norm_ptr + layer * H
+    else:
+        p = next_norm(layer, input_norm_ptr, final_norm_ptr, H, L)
+    return p
+
+
+@triton.jit
+def _reduce_xs(t0, t1, slot, off, x_ptr, peers_ptr, input_norm_ptr, post_norm_ptr, final_norm_ptr, xs_ptr, xss_ptr,
+               B: tl.constexpr, H: tl.constexpr, R: tl.constexpr, TP: tl.constexpr, L: tl.constexpr):
+    """``reduce_tile``'s sums a block of SS_ROWS rows at a time, each block's new x also written to xs and
+    xss (``wgmma.write_xs``) with the norm weight of ``slot_norm``."""
+    tl.static_assert(R % SS_ROWS == 0, "a REDUCE tile of the weights-on-M plans is whole 64-column blocks")
+    nw_ptr = slot_norm(slot, input_norm_ptr, post_norm_ptr, final_norm_ptr, H, L)
+    for t in range(t0, t1):
+        for c in tl.static_range(R // SS_ROWS):
+            rows = t * R + c * SS_ROWS + tl.arange(0, SS_ROWS)
+            m = rows < H
+            for b in range(B):
+                acc = tl.zeros([SS_ROWS], dtype=tl.float32)
+                for r in tl.static_range(TP):
+                    part = tl.load(peers_ptr + r).to(tl.pointer_type(tl.float32))
+                    acc += tl.load(part + off + b * H + rows, mask=m, other=0.0, cache_modifier=".cv")
+                x = tl.load(x_ptr + b * H + rows, mask=m, other=0.0, cache_modifier=".cg") + acc
+                tl.store(x_ptr + b * H + rows, x, mask=m)
+                _xs_block(x, rows, b, (t * R) // SS_ROWS + c, nw_ptr, xs_ptr, xss_ptr, B, H)
+
+
+@triton.jit
+def _xs_block(v, cols, b, blk, nw_ptr, xs_ptr, xss_ptr, B: tl.constexpr, H: tl.constexpr):
+    """Sequence b's x values ``v`` at columns ``cols`` (block ``blk`` of SS_ROWS) into xs and xss, as
+    ``wgmma.embed_xs`` writes a sequence's block."""
+    bb = b + tl.zeros([1], tl.int32)
+    write_xs(v[:, None], cols, (cols < H)[:, None] & (bb < B)[None, :], bb, nw_ptr, xs_ptr, xss_ptr, blk, B, H)
 
 
 # The per-op kernels: a program per tile, no wait, no pool.
@@ -134,6 +191,19 @@ def dpart_kernel(layer, act_ptr, wdown_ptr, wdown_scale_ptr, part_ptr, B: tl.con
                  target=0, B=B, N=H, K=I, R=R_DOWN, BK=BK_I, SB=SCALE_ROWS, WAIT=False, SPIN=0, BT=BT,
                  tr=part_ptr, TRACE=False, POOL=0, claims_ptr=part_ptr, claims_base=0, kpart_ptr=kpart_ptr,
                  tick_ptr=kticks_ptr + TICK_DOWN * TICK_STRIDE, SK=SK_DOWN)
+
+
+@triton.jit
+def xs_kernel(slot, x_ptr, xs_ptr, xss_ptr, input_norm_ptr, post_norm_ptr, final_norm_ptr, B: tl.constexpr,
+              H: tl.constexpr, L: tl.constexpr):
+    """After a host REDUCE of ``slot`` (``reduce_host``): x's xs and xss for the next normalised
+    stage, a program per SS_ROWS columns, as ``reduce_tile`` writes them with XS."""
+    blk = tl.program_id(0)
+    nw_ptr = slot_norm(slot, input_norm_ptr, post_norm_ptr, final_norm_ptr, H, L)
+    cols = blk * SS_ROWS + tl.arange(0, SS_ROWS)
+    for b in range(B):
+        x = tl.load(x_ptr + b * H + cols, mask=cols < H, other=0.0)
+        _xs_block(x, cols, b, blk, nw_ptr, xs_ptr, xss_ptr, B, H)
 
 
 def _rows(t0, t1, R, N):
@@ -169,11 +239,16 @@ def reduce_ref(st, p, slot, t0, t1):
 
 def reduce_host(st, plan, layer):
     """The per-op and cuda-graph backends' REDUCE stage of slot ``layer``: one all-reduce of the
-    partial (NCCL on the GPU, gloo on the CPU) between launches, then the residual add."""
+    partial (NCCL on the GPU, gloo on the CPU) between launches, then the residual add; on the
+    weights-on-M tile then ``xs_kernel`` writes the new x's xs and xss, the bits ``reduce_tile``
+    writes (at TP 2 the all-reduce's sum is the tile's rank-order sum: one addition)."""
     import torch.distributed as dist
     part = st.part[layer]
     dist.all_reduce(part)
     st.x.add_(part)
+    if plan.BATCHED == 2:
+        xs_kernel[(triton.cdiv(plan.H, SS_ROWS.value),)](layer, st.x, st.xs, st.xss, st.input_norm, st.post_norm,
+                                                          st.final_norm, B=plan.B, H=plan.H, L=plan.L)
 
 
 KINDS = (
@@ -181,6 +256,7 @@ KINDS = (
                writes=("part", "kpart", "kticks")),
     DeviceKind(Op.DPART, partial_tile, dpart_kernel, dpart_ref, reads=("act", "wdown", "wdown_scale"),
                writes=("part", "kpart", "kticks")),
-    DeviceKind(Op.REDUCE, reduce_tile, None, reduce_ref, reads=("part", "peers", "flags", "x"),
-               writes=("x", "flags"), host=reduce_host),
+    DeviceKind(Op.REDUCE, reduce_tile, None, reduce_ref,
+               reads=("part", "peers", "flags", "x", "input_norm", "post_norm", "final_norm"),
+               writes=("x", "xs", "xss", "flags"), host=reduce_host),
 )

@@ -52,14 +52,16 @@ def default_workers(device: torch.device) -> int:
     return 1    # the interpreter runs programs one after another: one worker runs the whole tape
 
 
-def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = None, num_warps: int = 4) -> Plan:
+def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = None, num_warps: int = 4,
+              tp_swap: bool = False) -> Plan:
     """The tile sizes for ``workers`` workers: the rules' plan, with the fields of ``mk``'s tuned
     plan where it runs one (``megakernel.plans``), then any fields overridden (experiments). The
     persistent and per-op backends both use it, so with the same workers their numbers agree bit
-    for bit."""
+    for bit. ``tp_swap`` (the backends' option): a tensor-parallel batch on the weights-on-M tile,
+    which the rules do not yet choose (``scheduler.ops.plan_and_rules``)."""
     fp8 = mk.weights.quantization == "fp8"
     plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk, num_warps=num_warps,
-                     tp=getattr(mk, "tp", 1), fp8=fp8, w8a8=getattr(mk, "w8a8", False))
+                     tp=getattr(mk, "tp", 1), fp8=fp8, w8a8=getattr(mk, "w8a8", False), tp_swap=tp_swap)
     choice = getattr(mk, "plan_choice", None)
     tuned = choice.entry.fields if choice is not None and choice.entry is not None else {}
     if tuned:
@@ -106,8 +108,9 @@ class PersistentBackend:
     def __init__(self, mk, mode: str = "megakernel", num_workers: int | None = None,
                  strategy: str = "balanced", spin: int | None = None, num_warps: int = 4, trace: int = 0,
                  workers_per_sm: int = WORKERS_PER_SM, max_bk: int = MAX_BK, plan_overrides: dict | None = None,
-                 prefetch_tape: bool | None = None):
+                 prefetch_tape: bool | None = None, tp_swap: bool = False):
         _check_kernel_device(mk, mode)
+        self.tp_swap = bool(tp_swap)      # tile_plan's: TP batches on the weights-on-M tile (opt-in)
         # triton-ascend cannot lower the vector tape fetch (tests/npu_lowering.py): scalar there
         self.prefetch_tape = prefetch_tape if prefetch_tape is not None else mk.weights.device.type != "npu"
         self.plan_overrides = plan_overrides or {}
@@ -177,7 +180,7 @@ class PersistentBackend:
     def _build(self, workers: int):
         mk, dev = self.mk, self.mk.weights.device
         overrides = {**self.plan_overrides, "SAMPLE": int(self.sampling)}
-        self.tape: Tape = build_tape(tile_plan(mk, workers, self.max_bk, overrides, self.num_warps),
+        self.tape: Tape = build_tape(tile_plan(mk, workers, self.max_bk, overrides, self.num_warps, self.tp_swap),
                                      workers, strategy=self.strategy, mode=self.mode)
         self.plan = self.tape.plan      # a superkernel tape's is without pools
         self.st = st = step_buffers(mk, self.plan, self.num_warps, workers=workers, tape=encode(self.tape),
@@ -396,7 +399,8 @@ class PerOpBackend:
     """Each instruction kind launched as its own kernel over all its tiles."""
 
     def __init__(self, mk, num_workers: int | None = None, num_warps: int = 4, graph: bool = False,
-                 workers_per_sm: int = WORKERS_PER_SM, max_bk: int = MAX_BK, plan_overrides: dict | None = None, **_):
+                 workers_per_sm: int = WORKERS_PER_SM, max_bk: int = MAX_BK, plan_overrides: dict | None = None,
+                 tp_swap: bool = False, **_):
         _check_kernel_device(mk, "cuda-graph" if graph else "per-op")
         dev = mk.weights.device
         if graph and dev.type != "cuda":
@@ -405,6 +409,7 @@ class PerOpBackend:
         # the same tile sizes as the megakernel would use, so the numbers agree bit for bit
         self.workers = num_workers or default_workers(dev) * (workers_per_sm if dev.type == "cuda" else 1)
         self.max_bk, self.plan_overrides, self.num_warps = max_bk, plan_overrides or {}, num_warps
+        self.tp_swap = bool(tp_swap)     # as PersistentBackend's
         self.use_graph = graph
         self.sampling = False
         self._variants: dict[bool, tuple] = {}
@@ -415,7 +420,7 @@ class PerOpBackend:
 
     def _build(self):
         overrides = {**self.plan_overrides, "SAMPLE": int(self.sampling)}
-        self.plan = tile_plan(self.mk, self.workers, self.max_bk, overrides, self.num_warps)
+        self.plan = tile_plan(self.mk, self.workers, self.max_bk, overrides, self.num_warps, self.tp_swap)
         self.st = step_buffers(self.mk, self.plan, self.num_warps)
         self.seq = per_op_launches(self.st, self.plan)
         self.graph = None

@@ -35,7 +35,7 @@ counter after their own; the claims of step s are those past ``pool_claims * epo
 import triton
 import triton.language as tl
 
-from instructions.common import RELAXED, RELEASE, T_SM, TRACE_SLOTS, sm_id, wait_counter
+from instructions.common import BT_SWAP, RELAXED, RELEASE, T_SM, TRACE_SLOTS, sm_id, wait_counter
 from instructions.registry import DEVICE_KINDS
 from instructions.matvec import next_norm
 from instructions.tiles import TICK_DOWN, TICK_O, TICK_STRIDE
@@ -146,6 +146,8 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr + pid)
     QKV_N: tl.constexpr = (HQ + 2 * HKV) * D
+    # REDUCE writes xs and xss under TP on the weights-on-M tile (the other plans' REDUCE is as it was)
+    XS_AR: tl.constexpr = TP > 1 and BT >= BT_SWAP
     failed = tl.atomic_add(err_ptr, 0, sem=RELAXED, scope="gpu")   # a failed earlier step stays failed
     me = pid                  # this program's tape row
     if SM_PAIRS > 0:
@@ -239,8 +241,10 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                                   claims, claims_base, kpart_ptr, kticks_ptr + TICK_DOWN * TICK_STRIDE, SK_DOWN)
             elif op == OP_REDUCE:
                 # (layer: the partial's slot)
+                # (on the weights-on-M tile it also writes xs and xss, which O's and down's partials do not)
                 seen = reduce_tile(t0, t1, layer, part_ptr, x_ptr, peers_ptr, flags_ptr, cnt, target, epoch + 1,
-                                   B, H, R_AR, TP, True, SPIN)
+                                   B, H, R_AR, TP, True, SPIN, input_norm_ptr, post_norm_ptr, final_norm_ptr, xs_ptr,
+                                   xss_ptr, L, XS_AR)
             elif op == OP_EMBED:
                 embed_tile(t0, t1, tokens_ptr, embed_ptr, x_ptr, input_norm_ptr, xs_ptr, xss_ptr, B, H, BK_H, BT)
             elif op == OP_BARRIER:

@@ -32,14 +32,14 @@ class VMBackend:
     """Decode steps of ``mk`` (a ``MegaQwen3``) by interpreting its tape with torch references."""
 
     def __init__(self, mk, num_workers: int | None = 1, strategy: str = "balanced", mode: str = "megakernel",
-                 check: bool = True, plan_overrides: dict | None = None, **_):
+                 check: bool = True, plan_overrides: dict | None = None, tp_swap: bool = False, **_):
         self.mk = mk
         if getattr(mk, "w8a8", False):
             raise ValueError("the vm backend's references multiply weight-only FP8; build it with "
                              "fp8_activations='none'")
         workers = num_workers or 1
         plan = replace(make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, tp=getattr(mk, "tp", 1),
-                                 fp8=mk.weights.quantization == "fp8"), **(plan_overrides or {}))
+                                 fp8=mk.weights.quantization == "fp8", tp_swap=tp_swap), **(plan_overrides or {}))
         plan = with_cache(plan, mk)
         self.tape: Tape = build_tape(plan, workers, strategy=strategy, mode=mode)
         self.plan = self.tape.plan      # a superkernel tape's is without pools

@@ -162,6 +162,10 @@ class Plan:
             for name in ("R_QKV", "R_GU", "R_LM"):
                 if not 1 <= getattr(self, name) <= 128:
                     raise ValueError(f"{name}={getattr(self, name)}: a weights-on-M tile holds 1 to 128 rows")
+            if self.TP > 1 and self.R_AR % SWAP_ROWS:
+                # REDUCE writes x's xs and xss there, whole blocks of SWAP_ROWS columns a tile
+                raise ValueError(f"R_AR={self.R_AR}: a REDUCE tile of the weights-on-M tile is whole "
+                                 f"{SWAP_ROWS}-column blocks")
         if self.KV_B and self.KV_B < self.B:
             raise ValueError(f"KV_B={self.KV_B}: the KV cache must hold at least the plan's batch B={self.B}")
         if self.ATTN_NEW and self.NSPLIT < 2:
@@ -416,12 +420,18 @@ def _base_plan(x: PlanInputs, nsplit: int | None, lm_rows: int | None) -> Plan:
 
 def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
                    lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4, tp: int = 1,
-                   fp8: bool = False, w8a8: bool = False) -> tuple[Plan, list[tuple[Rule, dict]]]:
+                   fp8: bool = False, w8a8: bool = False,
+                   tp_swap: bool = False) -> tuple[Plan, list[tuple[Rule, dict]]]:
     """``make_plan``'s plan, and the rules of ``PLAN_RULES`` that fired with the fields each set.
     ``tp`` > 1: ``cfg`` is one rank's shapes (``models.qwen3.tp.shard_config``). ``fp8`` (FP8
     projections) is set after the rules: tiles are sized as for bf16 weights. ``w8a8`` (with
     ``fp8``): FP8 activations too, which only the weights-on-M tile multiplies, so every batch
-    (batch 1 too) runs it (``w8a8_plan``)."""
+    (batch 1 too) runs it (``w8a8_plan``), at any ``tp``.
+
+    Under TP the rules' batched plans stay on the batch-on-M tile (``batch_on_m_plan``) unless
+    ``tp_swap`` or w8a8 is asked for: the weights-on-M tile runs there (REDUCE writes the xs and
+    xss it reads, ``instructions/allreduce.py``) and is tested on the CPU, but has not yet been
+    timed against batch-on-M on GPUs, so it is not yet the default (``TP_SWAP_RULE``)."""
     if not 1 <= batch_size <= MAX_BATCH:
         raise ValueError(f"batch size {batch_size} is outside what the kernels run: 1 to {MAX_BATCH}")
     x = PlanInputs(cfg, batch_size, max_seq_len, workers, max_bk, TILE_ELEMS * num_warps // 4, nsplit is not None,
@@ -434,12 +444,15 @@ def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit:
             plan = replace(plan, **fields)
             fired.append((rule, fields))
     if tp > 1 and plan.BATCHED == 2:
-        # the weights-on-M tile's normalised input is written by O's and down's epilogues, which
-        # under TP write partial sums: TP keeps the batch-on-M tile
-        plan = batch_on_m_plan(plan, workers)
+        if tp_swap or (fp8 and w8a8):
+            fired.append((TP_SWAP_RULE, {}))
+        else:
+            # not yet measured on a GPU: TP keeps the batch-on-M tile by default (docstring)
+            plan = batch_on_m_plan(plan, workers)
     if tp > 1:
         # REDUCE tiles: few enough that the cross-GPU polls stay few (one per rank a tile), at
-        # least 128 rows, so a tile's peer reads are whole 512-byte runs per sequence
+        # least 128 rows, so a tile's peer reads are whole 512-byte runs per sequence (and, for
+        # the weights-on-M tile's xs, whole 64-column blocks: ``Plan`` checks it)
         plan = replace(plan, TP=tp, R_AR=min(next_pow2(plan.H), max(128, next_pow2(_cdiv(plan.H, max(1, workers))))))
     if fp8 and w8a8:
         why = w8a8_unsupported(plan, tp)
@@ -454,13 +467,14 @@ def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit:
 
 W8A8_RULE = Rule("w8a8", lambda x, p: False, lambda x, p: {},
                  "FP8 activations: every projection on the weights-on-M tile with e4m3 inputs (batch 1 too)")
+TP_SWAP_RULE = Rule("tp-swap", lambda x, p: False, lambda x, p: {},
+                    "tensor parallel on the weights-on-M tile, as asked (tp_swap, or w8a8): not yet the default "
+                    "until timed against batch-on-M on GPUs")
 
 
 def w8a8_unsupported(plan: Plan, tp: int = 1) -> str | None:
-    """Why a plan cannot run w8a8, or None: its inputs are quantized on the weights-on-M tile,
-    whose normalised input TP does not write (``plan_and_rules``)."""
-    if tp > 1:
-        return "tensor parallelism keeps the batch-on-M tile, which has no FP8 inputs"
+    """Why a plan cannot run w8a8, or None: its inputs are quantized on the weights-on-M tile, which
+    every plan can take (under TP its REDUCE writes the normalised input, ``plan_and_rules``)."""
     return None
 
 
@@ -472,13 +486,14 @@ def w8a8_plan(p: Plan, workers: int) -> dict:
 
 def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
               lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4, tp: int = 1,
-              fp8: bool = False, w8a8: bool = False) -> Plan:
+              fp8: bool = False, w8a8: bool = False, tp_swap: bool = False) -> Plan:
     """Tile sizes for ``cfg`` at ``batch_size`` and ``max_seq_len`` on ``workers`` workers: the base
     plan with ``PLAN_RULES`` applied (``plan_and_rules`` says which fired). ``tp`` > 1: ``cfg`` is
-    one rank's shapes, and the step adds the ranks' partial sums after O and down. ``fp8``: the
+    one rank's shapes, and the step adds the ranks' partial sums after O and down; ``tp_swap``: its
+    batched plans on the weights-on-M tile (not yet the default, ``plan_and_rules``). ``fp8``: the
     plan of FP8 projections (their bytes in ``cost``; the kernels read the format from the weights)."""
     return plan_and_rules(cfg, batch_size, max_seq_len, workers, nsplit, lm_rows, max_bk, num_warps, tp=tp,
-                          fp8=fp8, w8a8=w8a8)[0]
+                          fp8=fp8, w8a8=w8a8, tp_swap=tp_swap)[0]
 
 
 def short_b1_mlp(plan: Plan, workers: int) -> bool:

@@ -82,6 +82,33 @@ def test_tp_tapes_are_valid(name, tp, workers, batch, mode):
     assert {i.layer for i in ops if i.op == Op.REDUCE} == set(range(2 * plan.L))
 
 
+@pytest.mark.parametrize("name,tp,workers,batch", [("8b", 2, 264, 8), ("14b", 4, 132, 8), ("0.6b", 2, 8, 2)])
+def test_tp_batches_stay_on_batch_on_m_unless_asked(name, tp, workers, batch):
+    """The rules keep a TP batch on the batch-on-M tile (the weights-on-M tile is not yet timed at
+    TP on GPUs); ``tp_swap`` puts it on the weights-on-M tile as at TP 1: 64-row O and down blocks,
+    their K-splits, REDUCE tiles of whole 64-column blocks, a valid tape, a plan the tuner accepts."""
+    from megakernel.tune import check_plan
+    from scheduler.ops import Plan, batch_on_m_plan, plan_and_rules
+    cfg = shard_config(PRESETS[name], tp)
+    plan, fired = plan_and_rules(cfg, batch, 4096, workers, tp=tp)
+    assert plan.BATCHED == 1 and "tp-swap" not in [r.name for r, _ in fired]
+    swap, fired = plan_and_rules(cfg, batch, 4096, workers, tp=tp, tp_swap=True)
+    assert "tp-swap" in [r.name for r, _ in fired]
+    one = make_plan(cfg, batch, 4096, workers)       # TP 1's plan of the same shapes
+    assert (swap.BATCHED, swap.R_O, swap.R_DOWN, swap.TP) == (2, 64, 64, tp) and swap.R_AR % 64 == 0
+    assert (swap.SK_QKV, swap.SK_O, swap.SK_GU, swap.SK_DOWN) == (one.SK_QKV, one.SK_O, one.SK_GU, one.SK_DOWN)
+    assert check_plan(swap) is None and check_plan(plan) is None
+    assert batch_on_m_plan(swap, workers).BATCHED == 1
+    for mode in ("megakernel", "superkernel"):
+        validate(build_tape(swap, workers, mode=mode))
+    with pytest.raises(ValueError, match="R_AR=32: a REDUCE tile of the weights-on-M tile"):
+        Plan(**{**__import__("dataclasses").asdict(swap), "R_AR": 32})
+    # w8a8 (FP8 activations) takes the weights-on-M tile at TP too, batch 1 as well
+    for b in (1, batch):
+        w8 = make_plan(cfg, b, 4096, workers, tp=tp, fp8=True, w8a8=True)
+        assert (w8.BATCHED, w8.BATCH_INPUT, w8.TP) == (2, 2, tp)
+
+
 PROMPTS = [[1, 2, 3, 4, 5], [6, 7]]
 
 
@@ -122,6 +149,28 @@ def test_tp2_megakernel_several_steps_a_launch(tp_checkpoint):
     for r in range(2):
         assert ranks[r]["megakernel"][0].tolist() == one[0].tolist()
         assert ranks[r]["superkernel"][0].tolist() == one[0].tolist()
+
+
+@pytest.mark.parametrize("overrides", [None, {"SK_O": 2, "SK_DOWN": 2}], ids=["whole-K", "K-splits"])
+def test_tp2_on_the_weights_on_m_tile(tp_checkpoint, overrides):
+    """TP 2 with its batch on the weights-on-M tile (``tp_swap``; O's and down's partials with and
+    without K-splits): TP 1's tokens on every backend, the ranks equal to the bit, and the per-op
+    backend (REDUCE on the host, then ``xs_kernel``) equal to the megakernel (``reduce_tile`` with
+    XS) to the bit, logits and the xs and xss the last REDUCE wrote."""
+    folder = str(tp_checkpoint.folder)
+    backends = ("reference", "vm", "per-op", "megakernel")
+    one = tp_ranks.decode(0, 1, folder, ["reference"], PROMPTS, 5)["reference"]
+    ranks = tp_mod.spawn(2, functools.partial(tp_ranks.decode, tp_swap=True, plan_overrides=overrides), 2, folder,
+                         backends, PROMPTS, 5, timeout_s=600)
+    assert_tp2_equals_tp1(ranks, one, backends)
+    for r in range(2):
+        for be in ("vm", "per-op", "megakernel"):
+            plan = ranks[r]["plans"][be]
+            assert (plan["BATCHED"], plan["R_O"], plan["TP"]) == (2, 64, 2), be
+            assert (plan["SK_O"], plan["SK_DOWN"]) == ((2, 2) if overrides else (1, 1)), be
+        assert torch.equal(ranks[r]["per-op"][1], ranks[r]["megakernel"][1])
+        for a, b in zip(ranks[r]["xs"]["per-op"], ranks[r]["xs"]["megakernel"]):
+            assert torch.equal(a, b) and a.abs().sum() > 0
 
 
 def test_a_rank_that_aborts_stops_the_others(tp_checkpoint):
@@ -229,11 +278,39 @@ def test_tp2_fp8_equals_tp1_fp8(tmp_path):
     write_fp8_checkpoint(t)
     folder = str(t.folder)
     backends = ("reference", "per-op", "megakernel")
-    # weight-only FP8: the one scheme TP runs (w8a8 needs whole rows of O and down)
+    # weight-only FP8 (TP's default; w8a8: test_tp2_w8a8_equals_tp1_w8a8)
     one = tp_ranks.decode(0, 1, folder, ["megakernel"], PROMPTS, 4, fp8_activations="none")["megakernel"]
     ranks = tp_mod.spawn(2, functools.partial(tp_ranks.decode, fp8_activations="none"), 2, folder, backends,
                          PROMPTS, 4, timeout_s=300)
     assert_tp2_equals_tp1(ranks, one, backends)
+
+
+def test_tp2_w8a8_equals_tp1_w8a8(tmp_path):
+    """FP8 activations (w8a8), asked for, at TP 2: each rank's plan on the weights-on-M tile with e4m3
+    inputs gives TP 1 w8a8's tokens on the reference, per-op and the megakernel, the ranks equal to
+    the bit and per-op equal to the megakernel to the bit. The logits are within a small relative
+    error of TP 1's: the ranks' partial sums round x differently, which can move an input's e4m3
+    rounding."""
+    from tests.conftest import SEED, build_checkpoint
+    from tests.test_fp8 import write_fp8_checkpoint
+    t = build_checkpoint(tmp_path / "fp8", SEED, **FP8_SHAPE)
+    write_fp8_checkpoint(t)
+    folder = str(t.folder)
+    backends = ("reference", "per-op", "megakernel")
+    one = tp_ranks.decode(0, 1, folder, ["megakernel"], PROMPTS, 4, fp8_activations="dynamic")["megakernel"]
+    ranks = tp_mod.spawn(2, functools.partial(tp_ranks.decode, fp8_activations="dynamic"), 2, folder, backends,
+                         PROMPTS, 4, timeout_s=600)
+    for r in range(2):
+        for be in ("per-op", "megakernel"):
+            plan = ranks[r]["plans"][be]
+            assert (plan["BATCHED"], plan["BATCH_INPUT"], plan["FP8"], plan["TP"]) == (2, 2, 1, 2), be
+        assert torch.equal(ranks[r]["per-op"][1], ranks[r]["megakernel"][1])
+    for be in backends:
+        (tok0, lg0), (tok1, lg1) = ranks[0][be], ranks[1][be]
+        assert tok0.tolist() == one[0].tolist(), be
+        assert torch.equal(tok0, tok1) and torch.equal(lg0, lg1), be
+        rel = ((lg0 - one[1]).norm() / one[1].norm()).item()
+        assert rel < 1e-3, f"{be}: relative error {rel:.2e} against TP 1 w8a8"
 
 
 def test_generate_cli_refuses_fp8_tp_that_does_not_split(cli):

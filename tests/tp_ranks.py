@@ -23,7 +23,11 @@ def decode(rank: int, tp: int, name: str, backends, prompts, steps: int, per_lau
     """Rank ``rank`` of ``tp``: load its share of model ``name`` (a checkpoint folder, or random
     weights), then for each backend prefill ``prompts`` and decode ``steps`` greedy steps in
     launches of ``per_launch``. Returns backend: (tokens [B, 1 + steps], the last logits [B, V]),
-    CPU tensors. ``quantize="fp8"``: the projections in block FP8."""
+    CPU tensors, and under "plans" and "xs" each kernel backend's plan (a dict of its fields) and
+    its last xs and xss (the weights-on-M tile's normalised input). ``quantize="fp8"``: the
+    projections in block FP8."""
+    import dataclasses
+
     from megakernel import MegaQwen3
 
     model = _model(rank, tp, name, random_weights, dtype, device, quantize)
@@ -34,6 +38,11 @@ def decode(rank: int, tp: int, name: str, backends, prompts, steps: int, per_lau
         if steps:
             toks.append(mk.steps(steps, per_launch=min(per_launch, mk.steps_per_launch)).cpu())
         out[backend] = (torch.cat(toks, dim=1), mk.logits.cpu().clone())
+        plan, st = getattr(mk.backend, "plan", None), getattr(mk.backend, "st", None)
+        if plan is not None:
+            out.setdefault("plans", {})[backend] = dataclasses.asdict(plan)
+        if st is not None and "xs" in st.tensors:
+            out.setdefault("xs", {})[backend] = (st.xs.cpu().clone(), st.xss.cpu().clone())
     return out
 
 
