@@ -146,7 +146,7 @@ def _reduce_xs(t0, t1, slot, off, x_ptr, peers_ptr, input_norm_ptr, post_norm_pt
                B: tl.constexpr, H: tl.constexpr, R: tl.constexpr, TP: tl.constexpr, L: tl.constexpr):
     """``reduce_tile``'s sums a block of SS_ROWS rows at a time, each block's new x also written to xs and
     xss (``wgmma.write_xs``) with the norm weight of ``slot_norm``."""
-    tl.static_assert(R % SS_ROWS == 0, "a REDUCE tile of the weights-on-M plans is whole 64-column blocks")
+    tl.static_assert((R // SS_ROWS) * SS_ROWS == R, "a REDUCE tile of the weights-on-M plans is whole 64-column blocks")
     nw_ptr = slot_norm(slot, input_norm_ptr, post_norm_ptr, final_norm_ptr, H, L)
     for t in range(t0, t1):
         for c in tl.static_range(R // SS_ROWS):
