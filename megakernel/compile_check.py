@@ -44,10 +44,11 @@ def _aligned(v) -> bool:
 
 
 def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int, dtype, tp: int = 1, quantize=None,
-                    **options):
+                    fp8_activations=None, **options):
     """(kernel, keyword arguments) of one step of every kernel backend, on meta tensors (FP8
-    projections with ``quantize="fp8"``); ``tp`` > 1: of a rank of a tensor-parallel run (its
-    shapes, the partials and REDUCE; no group is joined)."""
+    projections with ``quantize="fp8"``, their inputs as ``runtime.fp8_scheme`` chooses from
+    ``fp8_activations``); ``tp`` > 1: of a rank of a tensor-parallel run (its shapes, the partials
+    and REDUCE; no group is joined)."""
     from megakernel import backends
     from megakernel.model import Qwen3Model
     from megakernel.runtime import MegaQwen3
@@ -58,7 +59,9 @@ def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int,
         check_tp_fp8(shapes_for(model_name), tp)
     cfg = shard_config(shapes_for(model_name), tp)
     model = Qwen3Model(model_name, cfg, Qwen3Weights.empty(cfg, dtype, "meta", quantize), None, None)
-    mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=batch, backend="reference")
+    from megakernel.runtime import fp8_scheme
+    scheme = fp8_scheme("fp8" if quantize else None, fp8_activations, tp)     # (the model's own tp is 1)
+    mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=batch, backend="reference", fp8_activations=scheme)
     mk.tp = tp      # the backends plan a rank's tape from it; the REDUCE buffers stay meta tensors
     calls = []
     for mode in ("megakernel", "superkernel"):
@@ -72,7 +75,7 @@ def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int,
 
 
 def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=90, dtype_name="bfloat16",
-                tp: int = 1, quantize=None, **options):
+                tp: int = 1, quantize=None, fp8_activations=None, **options):
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -83,7 +86,7 @@ def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=
     target = GPUTarget("cuda", arch, 32)
     seen, report = set(), []
     for fn, kwargs in record_launches(model_name, workers, batch, max_seq_len, getattr(torch, dtype_name), tp,
-                                      quantize, **options):
+                                      quantize, fp8_activations, **options):
         opts = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
         params = kernel_params(fn)
         consts = {name: kwargs[name] for name, const in params if const}
@@ -169,6 +172,9 @@ def build_parser():
                     help="weight and KV-cache dtype")
     ap.add_argument("--quantize", choices=("fp8",), default=None,
                     help="fp8: the QKV, O, gate/up and down projections in block FP8 (the FP8 tiles)")
+    ap.add_argument("--fp8-activations", choices=("dynamic", "none"), default=None,
+                    help="with --quantize fp8: dynamic (w8a8) or none (weight-only); default as a run chooses it "
+                         "(w8a8, but weight-only at --tp > 1)")
     ap.add_argument("--arch", type=cli.at_least(70), default=90,
                     help="CUDA compute capability: 90 for H100/H200, 80 for A100")
     ap.add_argument("--num-warps", type=int, choices=(1, 2, 4, 8, 16, 32), default=4, help="warps per program")
@@ -227,7 +233,8 @@ def main(argv=None):
         os.environ.setdefault("DEVICE", "cuda")
         check_args(args)
         report = compile_all(args.model, args.workers, args.batch_size, args.max_seq_len, args.arch,
-                             dtype_name=args.dtype, tp=args.tp, quantize=args.quantize, num_warps=args.num_warps,
+                             dtype_name=args.dtype, tp=args.tp, quantize=args.quantize,
+                             fp8_activations=args.fp8_activations, num_warps=args.num_warps,
                              plan_overrides=args.overrides, **args.options)
         for r in report:
             if r["ok"]:
