@@ -69,8 +69,15 @@ def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int,
         if be.tape.sm_mates and workers % 2 == 0:
             be.sm_pairs = workers // 2      # as a GPU of workers / 2 SMs runs it (kernel._paired_row)
         calls.append((be.kernel, be.launch_args()))
-    calls += [(fn, kwargs) for fn, grid, kwargs in backends.PerOpBackend(mk, num_workers=workers, **options).seq
+    per_op = backends.PerOpBackend(mk, num_workers=workers, **options)
+    calls += [(fn, kwargs) for fn, grid, kwargs in per_op.seq
               if grid is not None]      # (not the host steps: the REDUCE's all-reduce)
+    if per_op.plan.TP > 1 and per_op.plan.BATCHED == 2:
+        # the kernel the host REDUCE launches after its all-reduce on the weights-on-M tile (xs and xss)
+        from instructions.allreduce import xs_kernel
+        from megakernel.buffers import kernel_args
+        calls.append((xs_kernel, {**kernel_args(xs_kernel, per_op.st, per_op.plan.constexprs(), slot=1),
+                                  "num_warps": 4}))
     return calls
 
 
