@@ -87,12 +87,26 @@ def linear(h: torch.Tensor, w: Qwen3Weights, name: str, l: int, w8a8: bool = Fal
     return h @ w.proj(name, l).T
 
 
+def normed_linear(x: torch.Tensor, nw: torch.Tensor, eps: float, w: Qwen3Weights, name: str, l: int,
+                  w8a8: bool = False) -> torch.Tensor:
+    """``linear`` of rmsnorm(x) times ``nw``. With w8a8 (FP8 weights) the input is quantized as the
+    kernels do it: x times the norm weight in float32, per 128 columns, and each row's 1/rms applied
+    to the product (it scales every block alike). Quantizing after the 1/rms, as vLLM does, is the
+    same scheme but breaks the exact ties of bf16-valued inputs (the embeddings) differently."""
+    if w8a8 and w.quantization:
+        x32 = x.float()
+        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        y = fp8.w8a8_linear(x32 * nw.float(), getattr(w, name)[l], getattr(w, name + "_scale")[l], w.scale_rows)
+        return (y * rstd).to(x.dtype)
+    return linear(rmsnorm(x, nw, eps), w, name, l)
+
+
 def _qkv(cfg: Qwen3Config, w: Qwen3Weights, l: int, x: torch.Tensor, cos, sin, w8a8: bool = False):
     """Layer l's q, k (normed per head, then rotated) and v for rows x [N, H]: [N, heads, D] each;
     cos/sin broadcast against [N, 1, D]."""
     N, D = x.shape[0], cfg.head_dim
-    h = rmsnorm(x, w.input_norm[l], cfg.rms_norm_eps)
-    q, k, v = linear(h, w, "wqkv", l, w8a8).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+    qkv = normed_linear(x, w.input_norm[l], cfg.rms_norm_eps, w, "wqkv", l, w8a8)
+    q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
     q = apply_rope(rmsnorm(q.view(N, -1, D), w.q_norm[l], cfg.rms_norm_eps), cos, sin)
     k = apply_rope(rmsnorm(k.view(N, -1, D), w.k_norm[l], cfg.rms_norm_eps), cos, sin)
     return q, k, v.view(N, -1, D)
@@ -100,8 +114,8 @@ def _qkv(cfg: Qwen3Config, w: Qwen3Weights, l: int, x: torch.Tensor, cos, sin, w
 
 def _mlp_residual(cfg: Qwen3Config, w: Qwen3Weights, l: int, x: torch.Tensor, reduce=None,
                   w8a8: bool = False) -> torch.Tensor:
-    h = rmsnorm(x, w.post_norm[l], cfg.rms_norm_eps)
-    gate, up = linear(h, w, "wgate_up", l, w8a8).split(cfg.intermediate_size, dim=-1)
+    gate, up = normed_linear(x, w.post_norm[l], cfg.rms_norm_eps, w, "wgate_up", l, w8a8).split(
+        cfg.intermediate_size, dim=-1)
     return x + _summed(linear(F.silu(gate) * up, w, "wdown", l, w8a8), reduce)
 
 
