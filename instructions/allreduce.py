@@ -117,15 +117,22 @@ def reduce_tile(t0, t1, slot, part_ptr, x_ptr, peers_ptr, flags_ptr, cnt_ptr, ta
             else:
                 for t in range(t0, t1):
                     rows = t * R + tl.arange(0, R)
-                    m = rows < H
                     for b in range(B):
-                        acc = tl.zeros([R], dtype=tl.float32)
-                        for r in tl.static_range(TP):
-                            part = tl.load(peers_ptr + r).to(tl.pointer_type(tl.float32))
-                            acc += tl.load(part + off + b * H + rows, mask=m, other=0.0, cache_modifier=".cv")
-                        x = tl.load(x_ptr + b * H + rows, mask=m, other=0.0, cache_modifier=".cg")
-                        tl.store(x_ptr + b * H + rows, x + acc, mask=m)
+                        _add_partials(rows, b, off, x_ptr, peers_ptr, H, TP)
     return seen
+
+
+@triton.jit
+def _add_partials(rows, b, off, x_ptr, peers_ptr, H: tl.constexpr, TP: tl.constexpr):
+    """x[b, rows] += the ranks' partials of those rows, summed in rank order; returns the new x."""
+    m = rows < H
+    acc = tl.zeros(rows.shape, dtype=tl.float32)
+    for r in tl.static_range(TP):
+        part = tl.load(peers_ptr + r).to(tl.pointer_type(tl.float32))
+        acc += tl.load(part + off + b * H + rows, mask=m, other=0.0, cache_modifier=".cv")
+    x = tl.load(x_ptr + b * H + rows, mask=m, other=0.0, cache_modifier=".cg") + acc
+    tl.store(x_ptr + b * H + rows, x, mask=m)
+    return x
 
 
 @triton.jit
@@ -151,14 +158,8 @@ def _reduce_xs(t0, t1, slot, off, x_ptr, peers_ptr, input_norm_ptr, post_norm_pt
     for t in range(t0, t1):
         for c in tl.static_range(R // SS_ROWS):
             rows = t * R + c * SS_ROWS + tl.arange(0, SS_ROWS)
-            m = rows < H
             for b in range(B):
-                acc = tl.zeros([SS_ROWS], dtype=tl.float32)
-                for r in tl.static_range(TP):
-                    part = tl.load(peers_ptr + r).to(tl.pointer_type(tl.float32))
-                    acc += tl.load(part + off + b * H + rows, mask=m, other=0.0, cache_modifier=".cv")
-                x = tl.load(x_ptr + b * H + rows, mask=m, other=0.0, cache_modifier=".cg") + acc
-                tl.store(x_ptr + b * H + rows, x, mask=m)
+                x = _add_partials(rows, b, off, x_ptr, peers_ptr, H, TP)
                 _xs_block(x, rows, b, (t * R) // SS_ROWS + c, nw_ptr, xs_ptr, xss_ptr, B, H)
 
 

@@ -771,18 +771,17 @@ def bench(args) -> dict:
         raise UsageError("--fp8-activations is for FP8 weights: add --quantize fp8 (or bench an -FP8 checkpoint)")
     from .runtime import fp8_scheme
     from . import plans
+    # the scheme resolved once (a warning at TP, where nobody chose): the runners, the plan key and the rows
+    args.fp8_activations = fp8_scheme(model.quantization, args.fp8_activations, args.tp)
     for B in args.batch_sizes if "tuned" in args.plans else ():     # a missing tuned plan: before any timing
         plans.choose("tuned", dev, cfg, model.dtype, B, args.max_seq_len, "megakernel", args.model, tp=args.tp,
-                     quant=plans.quant_name(model.weights.quantization,
-                                            fp8_scheme(model.weights.quantization, args.fp8_activations,
-                                                       args.tp) == "dynamic"))
+                     quant=plans.quant_name(model.weights.quantization, args.fp8_activations == "dynamic"))
     seed = args.seed if args.seed is not None else int(time.time())
     g = torch.Generator().manual_seed(seed)
     bw = copy_bandwidth_gbps(dev)
     run = {**table.run_header("megakernel.bench", args.argv), "device": _device_name(dev), "model": args.model, "weights": "random" if model.random_weights else str(model.checkpoint),
            "dtype": str(model.dtype).replace("torch.", ""), "quantization": model.quantization,
-           "fp8_activations": (fp8_scheme(model.quantization, args.fp8_activations, args.tp)
-                               if model.quantization else None),
+           "fp8_activations": args.fp8_activations,
            "copy_gbps": round(bw, 1) if bw else None,
            "prompt_seed": seed, "tp": args.tp}
     result = {**run, "batch_sizes": args.batch_sizes, "prompt_lens": args.prompt_lens,

@@ -324,15 +324,16 @@ def run(args) -> dict:
     if args.fp8_activations and not quantize:
         raise UsageError("--fp8-activations is for FP8 weights: add --quantize fp8 (or load an -FP8 checkpoint)")
     from .runtime import fp8_scheme
+    scheme = fp8_scheme(quantize, args.fp8_activations, args.tp)     # resolved once: one warning at TP
     plans.choose(args.plan, dev, here, dtype, B, max_seq_len, backend, args.model, tp=args.tp,
-                 quant=plans.quant_name(quantize, fp8_scheme(quantize, args.fp8_activations, args.tp) == "dynamic"))
+                 quant=plans.quant_name(quantize, scheme == "dynamic"))
     t0 = time.perf_counter()
     rank = tp_mod.current().rank if args.tp > 1 else 0
     model = source.load(dev, dtype, progress=sys.stderr.isatty(), quantize=args.quantize, tp=args.tp, rank=rank)
     print(f"Loaded {args.model}: {cfg.num_parameters() / 1e6:,.1f} M parameters, {model.dtype}{fp8}, {dev}, "
           f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=B, backend=backend, plan=args.plan,
-                   fp8_activations=args.fp8_activations)
+                   fp8_activations=scheme)
     mode = {"megakernel": "persistent kernel, counter waits", "superkernel": "persistent kernel, grid barriers",
             "per-op": "phase launches, one per stage"}.get(backend)
     lengths = f"{longest} tokens" if B == 1 else f"{B} prompts of {min(map(len, prompts))}-{longest} tokens"

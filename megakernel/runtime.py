@@ -645,11 +645,8 @@ class SlotView:
     def sampled_slots(self) -> list[int]:
         return [b for b in self._mk.sampled_slots() if b < self.batch_size]
 
-    def sample_reference(self, positions: torch.Tensor, rows=None) -> torch.Tensor:
-        rows = slice(None) if rows is None else rows
-        buf = self.sampling_buffers
-        return device_sample_reference(self.logits[rows], buf["inv_temp"][rows], buf["top_k"][rows],
-                                       buf["top_p"][rows], buf["seed"][rows], positions)
+    # (it reads only the view's logits and sampling buffers)
+    sample_reference = MegaQwen3.sample_reference
 
     def _decode(self, *steps):
         self.backend.decode(*steps)

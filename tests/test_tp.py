@@ -268,15 +268,20 @@ def test_fp8_checkpoint_loads_one_ranks_share(tiny_checkpoint, how):
             assert _same(v, cut.tensors()[name]), name
 
 
-def test_tp2_fp8_equals_tp1_fp8(tmp_path):
-    """Two gloo processes at TP 2 on an FP8 checkpoint give TP 1's FP8 tokens on the reference,
-    per-op and the megakernel (the FP8 tiles on each rank's share), the ranks' logits equal to the
-    bit and within float32 rounding of TP 1's."""
+def _fp8_checkpoint(tmp_path) -> str:
+    """A tiny checkpoint of FP8_SHAPE in Qwen's FP8 layout; its folder."""
     from tests.conftest import SEED, build_checkpoint
     from tests.test_fp8 import write_fp8_checkpoint
     t = build_checkpoint(tmp_path / "fp8", SEED, **FP8_SHAPE)
     write_fp8_checkpoint(t)
-    folder = str(t.folder)
+    return str(t.folder)
+
+
+def test_tp2_fp8_equals_tp1_fp8(tmp_path):
+    """Two gloo processes at TP 2 on an FP8 checkpoint give TP 1's FP8 tokens on the reference,
+    per-op and the megakernel (the FP8 tiles on each rank's share), the ranks' logits equal to the
+    bit and within float32 rounding of TP 1's."""
+    folder = _fp8_checkpoint(tmp_path)
     backends = ("reference", "per-op", "megakernel")
     # weight-only FP8 (TP's default; w8a8: test_tp2_w8a8_equals_tp1_w8a8)
     one = tp_ranks.decode(0, 1, folder, ["megakernel"], PROMPTS, 4, fp8_activations="none")["megakernel"]
@@ -291,11 +296,7 @@ def test_tp2_w8a8_equals_tp1_w8a8(tmp_path):
     the bit and per-op equal to the megakernel to the bit. The logits are within a small relative
     error of TP 1's: the ranks' partial sums round x differently, which can move an input's e4m3
     rounding."""
-    from tests.conftest import SEED, build_checkpoint
-    from tests.test_fp8 import write_fp8_checkpoint
-    t = build_checkpoint(tmp_path / "fp8", SEED, **FP8_SHAPE)
-    write_fp8_checkpoint(t)
-    folder = str(t.folder)
+    folder = _fp8_checkpoint(tmp_path)
     backends = ("reference", "per-op", "megakernel")
     one = tp_ranks.decode(0, 1, folder, ["megakernel"], PROMPTS, 4, fp8_activations="dynamic")["megakernel"]
     ranks = tp_mod.spawn(2, functools.partial(tp_ranks.decode, fp8_activations="dynamic"), 2, folder, backends,
