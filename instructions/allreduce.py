@@ -118,21 +118,21 @@ def reduce_tile(t0, t1, slot, part_ptr, x_ptr, peers_ptr, flags_ptr, cnt_ptr, ta
                 for t in range(t0, t1):
                     rows = t * R + tl.arange(0, R)
                     for b in range(B):
-                        _add_partials(rows, b, off, x_ptr, peers_ptr, H, TP)
+                        x = _add_partials(rows, b, off, x_ptr, peers_ptr, H, TP)
+                        tl.store(x_ptr + b * H + rows, x, mask=rows < H)
     return seen
 
 
 @triton.jit
 def _add_partials(rows, b, off, x_ptr, peers_ptr, H: tl.constexpr, TP: tl.constexpr):
-    """x[b, rows] += the ranks' partials of those rows, summed in rank order; returns the new x."""
+    """x[b, rows] plus the ranks' partials of those rows, summed in rank order. The caller stores it:
+    triton-ascend cannot lower a call whose returned value is dropped."""
     m = rows < H
     acc = tl.zeros(rows.shape, dtype=tl.float32)
     for r in tl.static_range(TP):
         part = tl.load(peers_ptr + r).to(tl.pointer_type(tl.float32))
         acc += tl.load(part + off + b * H + rows, mask=m, other=0.0, cache_modifier=".cv")
-    x = tl.load(x_ptr + b * H + rows, mask=m, other=0.0, cache_modifier=".cg") + acc
-    tl.store(x_ptr + b * H + rows, x, mask=m)
-    return x
+    return tl.load(x_ptr + b * H + rows, mask=m, other=0.0, cache_modifier=".cg") + acc
 
 
 @triton.jit
@@ -160,6 +160,7 @@ def _reduce_xs(t0, t1, slot, off, x_ptr, peers_ptr, input_norm_ptr, post_norm_pt
             rows = t * R + c * SS_ROWS + tl.arange(0, SS_ROWS)
             for b in range(B):
                 x = _add_partials(rows, b, off, x_ptr, peers_ptr, H, TP)
+                tl.store(x_ptr + b * H + rows, x, mask=rows < H)
                 _xs_block(x, rows, b, (t * R) // SS_ROWS + c, nw_ptr, xs_ptr, xss_ptr, B, H)
 
 
