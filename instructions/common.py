@@ -145,12 +145,16 @@ def next_tile(t, t1, c, claims_ptr, claims_base, NT: tl.constexpr, POOL: tl.cons
 # The GEMV tiles' kind (``tiles.gemv_tile``'s BT, the plan's ``Plan.BT``): 0 the register tiles
 # (``instructions.gemv``), BT_SPLIT or BT_BF16 the batch-on-M tile (``instructions.batch_mma``) with
 # its input split or in bf16, and BT_SWAP, BT_SWAP_BF16 or BT_SWAP_FP8 the weights-on-M tile
-# (``instructions.wgmma``; its input contract is BT - BT_SWAP, the plan's BATCH_INPUT).
+# (``instructions.wgmma``; its input contract is BT - BT_SWAP, the plan's BATCH_INPUT), plus BT_TMA
+# where that tile takes its weights by tensor descriptor (the plan's SWAP_TMA) and BT_N16 where it
+# pads the batch to 16 (SWAP_MIN_N).
 BT_SPLIT: tl.constexpr = tl.constexpr(1)
 BT_BF16: tl.constexpr = tl.constexpr(2)
 BT_SWAP: tl.constexpr = tl.constexpr(3)
 BT_SWAP_BF16: tl.constexpr = tl.constexpr(4)
 BT_SWAP_FP8: tl.constexpr = tl.constexpr(5)
+BT_TMA: tl.constexpr = tl.constexpr(8)
+BT_N16: tl.constexpr = tl.constexpr(16)
 
 
 @triton.jit

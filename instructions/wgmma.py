@@ -1,8 +1,8 @@
 """The batched GEMV tile with the weights on the MMA's M side (``BATCHED = 2`` plans).
 
 out[B, N] = X[B, K] @ W[N, K]^T is computed transposed, out^T = W @ X^T: a tile holds BM = 64 or
-128 weight rows and multiplies them by the batch's input as the dot's N side (padded to 8, 16, 32
-or 64). Triton emits Hopper's wgmma only where the dot's M is a multiple of 64; the batch on M (the
+128 weight rows and multiplies them by the batch's input as the dot's N side (padded to 8 or 16
+(the plan's SWAP_MIN_N), 32 or 64). Triton emits Hopper's wgmma only where the dot's M is a multiple of 64; the batch on M (the
 older tile, ``batch_mma.batch_tiles``) left it on mma.sync. This is the operand swap of Mirage MPK's
 Hopper linear task and of the small-M fused-MoE kernels in SGLang and vLLM.
 
@@ -38,7 +38,7 @@ persistent kernel agree bitwise.
 import triton
 import triton.language as tl
 
-from .common import ARGMAX, GATEUP, RELAXED, RESIDUAL, argmax_key, round_bf16, sum_pairs, wait_counter
+from .common import ARGMAX, BT_N16, BT_TMA, GATEUP, RELAXED, RESIDUAL, argmax_key, round_bf16, sum_pairs, wait_counter
 from .fp8 import e4m3_bf16, quantize_e4m3
 
 # the tile's input contracts (``XIN``; the plan's BATCH_INPUT, module doc)
@@ -92,13 +92,17 @@ def load_rstd(xss_ptr, eps, B: tl.constexpr, H: tl.constexpr, BP: tl.constexpr):
 
 
 @triton.jit
-def _load_w(w_ptr, row0, rows_ok, K: tl.constexpr, k0, BM: tl.constexpr, KC: tl.constexpr, RAW: tl.constexpr):
+def _load_w(w_ptr, wd, row0, rows_ok, K: tl.constexpr, k0, BM: tl.constexpr, KC: tl.constexpr, RAW: tl.constexpr,
+            TMA: tl.constexpr):
     """Weight rows [row0, row0 + BM) x columns [k0, k0 + KC) as [BM, KC] (masked rows and columns
     read as 0); FP8 weights as e4m3 with RAW (w8a8 on the GPU), else as [BM, KC / 4] int32 words of
     four e4m3 bytes (``fp8.e4m3_bf16``). Read once a step: evicted first, so the activations
-    keep the cache."""
+    keep the cache. With TMA, from the descriptor ``wd`` (``_weights_desc``): rows past the
+    matrix and columns past K read as 0, rows of the next block as they are (the epilogue drops them)."""
     r = row0 + tl.arange(0, BM)
-    if w_ptr.dtype.element_ty == tl.float8e4nv and not RAW:
+    if TMA:
+        w = wd.load([row0, k0])
+    elif w_ptr.dtype.element_ty == tl.float8e4nv and not RAW:
         KW: tl.constexpr = K // 4
         i = k0 // 4 + tl.arange(0, KC // 4)
         w = tl.load(w_ptr.to(tl.pointer_type(tl.int32)) + r[:, None] * KW + i[None, :],
@@ -108,6 +112,15 @@ def _load_w(w_ptr, row0, rows_ok, K: tl.constexpr, k0, BM: tl.constexpr, KC: tl.
         w = tl.load(w_ptr + r[:, None] * K + k[None, :], mask=rows_ok[:, None] & (k[None, :] < K), other=0.0,
                     eviction_policy="evict_first")
     return w
+
+
+@triton.jit
+def _weights_desc(w_ptr, N: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, KC: tl.constexpr, TMA: tl.constexpr):
+    """A tensor descriptor of the [N, K] weights in chunks of [BM, KC] with TMA, else the pointer."""
+    if TMA:
+        return tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BM, KC])
+    else:
+        return w_ptr
 
 
 @triton.jit
@@ -232,17 +245,24 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
     x's ``xs`` and ``xss`` (norm weight ``nw2``). FP8 weights come with their scales ``ws``
     (``ws2``: W2's), SB rows a scale row. ``kpart``: the split partials (``SK`` > 1), ``tick_ptr``:
     this stage's ticket word per row block. ``XIN``: the input contract (module doc; XIN_FP8 takes
-    effect with FP8 weights, the others' inputs go in split). Returns the wait's last counter value."""
+    effect with FP8 weights, the others' inputs go in split), plus BT_TMA to take the weights by
+    tensor descriptor (TMA; not FP8 weight-only's int32 words, nor K rows whose bytes are not a
+    multiple of 16, which TMA cannot stride) and BT_N16 to pad the batch to 16. Returns the wait's
+    last counter value."""
     tl.static_assert(R <= 128, "a weights-on-M tile holds at most 128 rows")
     BM: tl.constexpr = 64 if R <= 64 else 128
-    BP: tl.constexpr = 8 if B <= 8 else 16 if B <= 16 else 32 if B <= 32 else 64 if B <= 64 else 128
+    # the batch as the dot's N, from 16 with BT_N16: Triton 3.6 (the GPU machines') lowers an N of 8
+    # to mma.sync and emits wgmma from 16 (3.9 from 8); the padding's columns are zeros
+    N16: tl.constexpr = (XIN // BT_N16) % 2 == 1
+    BP: tl.constexpr = 8 if B <= 8 and not N16 else 16 if B <= 16 else 32 if B <= 32 else 64 if B <= 64 else 128
     KSPAN: tl.constexpr = K // SK
     tl.static_assert(KSPAN * SK == K, "the K-splits must divide K")
     FP8: tl.constexpr = w_ptr.dtype.element_ty == tl.float8e4nv
     # a float32 model (the CPU's) multiplies in float32
     EXACT: tl.constexpr = in_ptr.dtype.element_ty == tl.float32
-    W8A8: tl.constexpr = FP8 and XIN == XIN_FP8
-    XBF16: tl.constexpr = XIN == XIN_BF16
+    CONTRACT: tl.constexpr = XIN % BT_TMA
+    W8A8: tl.constexpr = FP8 and CONTRACT == XIN_FP8
+    XBF16: tl.constexpr = CONTRACT == XIN_BF16
     # xs's remainder: a second MMA, unless XBF16 (a float32 model's xs is exact, its remainder 0)
     SPLIT: tl.constexpr = NORM and not XBF16 and not EXACT
     # the MMA's input type: the weights' (FP8 ones are made bf16)
@@ -259,6 +279,13 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
     FIT: tl.constexpr = SWAP_SMEM // STAGE_BYTES
     STAGES: tl.constexpr = 2 if FIT < 2 else MAX_STAGES if FIT > MAX_STAGES else FIT
     NT: tl.constexpr = 2 * N if TWO else N          # a partial's row: gate's N sums, then up's
+    RAW: tl.constexpr = W8A8 and not EXACT
+    TMA: tl.constexpr = (XIN // BT_TMA) % 2 == 1 and (RAW or not FP8) and (K * WBYTES) % 16 == 0
+    # (made before the wait: they depend on the weights' address alone)
+    wd = _weights_desc(w_ptr, N, K, BM, KC, TMA)
+    wd2 = wd
+    if TWO:
+        wd2 = _weights_desc(w2_ptr, N, K, BM, KC, TMA)
     bb = tl.arange(0, BP)
     seen = target
     if WAIT:
@@ -274,10 +301,10 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
         acc2 = tl.zeros([BM, BP], dtype=tl.float32)
         k_lo = ks * KSPAN
         for k0 in tl.range(k_lo, k_lo + KSPAN, KC, num_stages=STAGES):
-            w = _load_w(w_ptr, rb * R, rows_ok, K, k0, BM, KC, W8A8 and not EXACT)
+            w = _load_w(w_ptr, wd, rb * R, rows_ok, K, k0, BM, KC, RAW, TMA)
             w2 = w
             if TWO:
-                w2 = _load_w(w2_ptr, rb * R, rows_ok, K, k0, BM, KC, W8A8 and not EXACT)
+                w2 = _load_w(w2_ptr, wd2, rb * R, rows_ok, K, k0, BM, KC, RAW, TMA)
             acc, acc2 = _chunk(acc, acc2, w, w2, in_ptr, ws_ptr, ws2_ptr, rows, rows_ok, bb, k0, k_lo,
                                B, K, KSPAN, KC, SB, TWO, FP8, SPLIT, EXACT, XBF16, XT, W8A8)
         if SK == 1:

@@ -80,6 +80,20 @@ def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = N
     return plan
 
 
+def _tma_scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def set_tma_allocator(plan: Plan, device: torch.device):
+    """Give Triton its scratch allocator where ``plan``'s tiles make tensor descriptors (SWAP_TMA):
+    a launch then asks it for the memory each program writes its descriptors to. Triton keeps the
+    allocator in a context variable, which a new thread (the server's engine) does not inherit, so
+    each launch sets it."""
+    if plan.SWAP_TMA and device.type == "cuda":
+        import triton
+        triton.set_allocator(_tma_scratch)
+
+
 def with_cache(plan: Plan, mk) -> Plan:
     """``plan`` with the layer stride of ``mk``'s KV cache (``Plan.KV_B``): a batch bucket's cache is a
     view of the first slots of the server's one cache (``runtime.SlotView``), read in place."""
@@ -249,6 +263,7 @@ class PersistentBackend:
         return MAX_STEPS_PER_LAUNCH if self.argmax_n else 1
 
     def launch(self, steps: int = 1):
+        set_tma_allocator(self.plan, self.st.x.device)
         self.kernel[(self.tape.num_workers,)](**self.launch_args(steps))
 
     def decode(self, steps: int = 1):
@@ -438,6 +453,7 @@ class PerOpBackend:
             self._build()
 
     def launch(self):
+        set_tma_allocator(self.plan, self.st.x.device)
         for fn, grid, kwargs in self.seq:
             if grid is None:
                 fn(**kwargs)

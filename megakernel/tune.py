@@ -214,6 +214,10 @@ def moves(base: Plan, cand: Candidate, workers: int, cuda: bool) -> list[Candida
             add(replace(p, KV_STAGES=v))
     if p.NSPLIT >= 2:
         add(replace(p, ATTN_NEW=1 - p.ATTN_NEW))
+    if p.BATCHED == 2:  # the weights-on-M tile's weights by TMA or by pointer loads (untimed against each other)
+        add(replace(p, SWAP_TMA=1 - p.SWAP_TMA))
+        if p.B <= 8:
+            add(replace(p, SWAP_MIN_N=24 - p.SWAP_MIN_N))
     if p.BATCHED:       # last: one bf16 MMA measured slower on the batch-on-M tile (H100); untimed on the other
         add(replace(p, BATCH_INPUT=1 - p.BATCH_INPUT))
     seen, result = {cand}, []

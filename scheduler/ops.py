@@ -136,6 +136,13 @@ class Plan:
     SK_O: int = 1
     SK_GU: int = 1
     SK_DOWN: int = 1
+    # 1: the weights-on-M tile takes its weights by tensor descriptor (TMA, one bulk copy a chunk
+    # issued by one thread) instead of per-thread pointer loads (cp.async); its inputs stay pointer
+    # loads, masked to the K-split
+    SWAP_TMA: int = 0
+    # the weights-on-M tile's batch (the dot's N) padded to at least this, 8 or 16: Triton 3.6 (the
+    # GPU machines') lowers a dot of N = 8 to mma.sync and emits wgmma from N = 16 (3.9 from 8)
+    SWAP_MIN_N: int = 8
     SAMPLE: int = 0     # 1: a SAMPLE stage between the LM head and ARGMAX (sampling on the device)
     # The KV cache's allocated batch, the layer stride of k_cache/v_cache in sequences: a step of
     # the first B slots of a larger cache (megakernel.serve's batch buckets) reads it in place.
@@ -150,6 +157,10 @@ class Plan:
             raise ValueError("BATCH_INPUT=2 (fp8, w8a8) needs FP8 weights on the weights-on-M tile (FP8=1, BATCHED=2)")
         if self.BATCHED not in (0, 1, 2):
             raise ValueError(f"BATCHED={self.BATCHED} is not 0 (per sequence), 1 (batch on M) or 2 (weights on M)")
+        if self.SWAP_TMA not in (0, 1) or (self.SWAP_TMA and self.BATCHED != 2):
+            raise ValueError(f"SWAP_TMA={self.SWAP_TMA}: 0, or 1 on the weights-on-M tile (BATCHED=2)")
+        if self.SWAP_MIN_N not in (8, 16):
+            raise ValueError(f"SWAP_MIN_N={self.SWAP_MIN_N}: the weights-on-M tile pads the batch to 8 or 16")
         for name in ("SK_QKV", "SK_O", "SK_GU", "SK_DOWN"):
             if getattr(self, name) != 1 and self.BATCHED != 2:
                 raise ValueError(f"{name}={getattr(self, name)}: K-splits are the weights-on-M tile's (BATCHED=2)")
@@ -200,8 +211,12 @@ class Plan:
     @property
     def BT(self) -> int:
         """The GEMV tiles' kind as the kernels dispatch on it (``instructions.tiles.gemv_tile``):
-        0 the register tiles, 1 + BATCH_INPUT the batch-on-M tile, 3 + BATCH_INPUT the weights-on-M one."""
-        return 0 if not self.BATCHED else 2 * self.BATCHED - 1 + self.BATCH_INPUT
+        0 the register tiles, 1 + BATCH_INPUT the batch-on-M tile, 3 + BATCH_INPUT the weights-on-M one,
+        plus 8 (``instructions.common.BT_TMA``) where that one takes its weights by TMA and 16
+        (``BT_N16``) where it pads the batch to 16."""
+        if self.BATCHED != 2:
+            return 2 * self.BATCHED - 1 + self.BATCH_INPUT if self.BATCHED else 0
+        return 3 + self.BATCH_INPUT + 8 * self.SWAP_TMA + (16 if self.SWAP_MIN_N == 16 else 0)
 
     @property
     def kv_batch(self) -> int:

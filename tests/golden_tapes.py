@@ -43,9 +43,11 @@ def digest(name, workers, batch, seq, mode) -> dict:
     h = hashlib.sha256(words.numpy().tobytes())
     h.update(lengths.numpy().tobytes())
     consts = tape.plan.constexprs()
-    if not consts.get("SAMPLE"):
-        # a greedy plan (no SAMPLE stage, no SAMPLE branch compiled) digests as before the field existed
-        consts.pop("SAMPLE", None)
+    # fields at the value that compiles what the kernel did before they existed digest as before:
+    # a greedy plan (no SAMPLE stage), the weights-on-M tile fed by pointer loads, its batch padded from 8
+    for name, before in (("SAMPLE", 0), ("SWAP_TMA", 0), ("SWAP_MIN_N", 8)):
+        if consts.get(name) == before:
+            consts.pop(name)
     meta = json.dumps({"plan": consts, "counters": tape.num_counters,
                        "sm_mates": tape.sm_mates, "shape": list(words.shape)}, sort_keys=True)
     return {"tape": h.hexdigest(), "plan": hashlib.sha256(meta.encode()).hexdigest()}

@@ -27,9 +27,15 @@ def teacher_forced_logits(model, backend, prompts, fed, variant, tile):
     """Each decode step's logits [steps, B, V], every step fed the tokens ``fed[s]`` (so all
     backends and variants see the same inputs whatever their argmax)."""
     overrides = {"BATCH_INPUT": BATCH_INPUTS[variant], **(BATCH_ON_M if tile == 1 else {})}
+    return forced_logits(model, backend, prompts, fed, overrides, BATCHED=tile)
+
+
+def forced_logits(model, backend, prompts, fed, overrides, **expect):
+    """``teacher_forced_logits`` under the plan fields ``overrides``; ``expect``: plan fields checked."""
     mk = MegaQwen3(model, max_seq_len=32, batch_size=len(prompts), backend=backend, plan_overrides=overrides,
                    max_bk=32, fp8_activations="none" if model.quantization else None)
-    assert mk.backend.plan.BATCHED == tile and mk.backend.plan.BATCH_INPUT == BATCH_INPUTS[variant]
+    for name, v in {**overrides, **expect}.items():
+        assert getattr(mk.backend.plan, name) == v, name
     mk.prefill(prompts)
     out = []
     for tokens in fed:
@@ -91,7 +97,8 @@ def test_batch_input_variants_agree_across_backends_and_with_hf(tiny_checkpoint,
 
 
 def test_batch_input_is_checked():
-    """A plan's BATCH_INPUT outside BATCH_INPUTS is refused with the values it takes."""
+    """A plan's BATCH_INPUT outside BATCH_INPUTS is refused with the values it takes; so are the
+    weights-on-M tile's feed fields outside their values or off that tile. Each sets its bit of BT."""
     from models.qwen3.config import PRESETS
     plan = make_plan(PRESETS["0.6b"], 8, 128, 132)
     assert plan.BATCH_INPUT == BATCH_INPUTS["split"]
@@ -100,3 +107,29 @@ def test_batch_input_is_checked():
         dataclasses.replace(plan, BATCH_INPUT=3)
     with pytest.raises(ValueError, match=r"BATCH_INPUT=2 \(fp8, w8a8\) needs FP8 weights"):
         dataclasses.replace(plan, BATCH_INPUT=2)
+    assert plan.BATCHED == 2 and plan.SWAP_TMA == 0 and plan.SWAP_MIN_N == 8 and plan.BT == 3
+    assert dataclasses.replace(plan, SWAP_TMA=1, SWAP_MIN_N=16, BATCH_INPUT=1).BT == 3 + 1 + 8 + 16
+    with pytest.raises(ValueError, match=r"SWAP_MIN_N=32: the weights-on-M tile pads the batch to 8 or 16"):
+        dataclasses.replace(plan, SWAP_MIN_N=32)
+    with pytest.raises(ValueError, match=r"SWAP_TMA=1: 0, or 1 on the weights-on-M tile"):
+        dataclasses.replace(plan, SWAP_TMA=1, BATCHED=1, SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
+
+
+@pytest.mark.parametrize("batch", [3])
+def test_tma_weights_and_wider_padding_give_the_same_bits(tiny_checkpoint, seed, batch):
+    """SWAP_TMA=1 (the weights-on-M tile's weights by tensor descriptor) gives the pointer loads' logits
+    bit for bit on each kernel backend: with 48-row QKV blocks a 64-row chunk also reads the next
+    block's rows, and the last block reads past the matrix (zeros); gate/up split over K reads past
+    its split's columns, where the input is masked. So does the batch padded to 16 (SWAP_MIN_N)."""
+    tiny = tiny_checkpoint(**SHAPE)
+    model = load_model(str(tiny.folder), device="cpu", dtype=torch.float32, progress=False)
+    g = torch.Generator().manual_seed(seed)
+    prompts = [random_prompt(int(n), tiny.vocab_size, seed + i)
+               for i, n in enumerate(torch.randint(1, 9, (batch,), generator=g))]
+    fed = torch.randint(0, tiny.vocab_size, (2, batch), generator=g).tolist()
+    for be in ("megakernel", "per-op"):
+        runs = [forced_logits(model, be, prompts, fed, {"SWAP_TMA": tma, "SWAP_MIN_N": min_n, "R_QKV": 48,
+                                                        "SK_GU": 2}, BATCHED=2)
+                for tma, min_n in ((0, 8), (1, 8), (0, 16))]
+        assert torch.equal(runs[0], runs[1]), f"{be}: TMA weights differ from pointer loads"
+        assert torch.equal(runs[0], runs[2]), f"{be}: the batch padded to 16 differs from 8"

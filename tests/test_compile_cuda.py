@@ -1,6 +1,8 @@
 """Every kernel compiles for Hopper (sm_90) with Triton's own compiler, on the CPU.
 
-The interpreter cannot see what only the compiler rejects; this catches it in CI.
+The interpreter cannot see what only the compiler rejects; this catches it in CI. CI runs this file
+again under Triton 3.6, the GPU machines' version (``.ci/run``): which dots become wgmma depends on
+the version (3.6 lowers a dot of N = 8 to mma.sync, 3.9 to wgmma).
 """
 
 import json
@@ -14,12 +16,20 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("batch", [1, 4, 16])   # batch 1; the weights-on-M tile at two batch paddings
-def test_all_kernels_compile_for_sm90(batch):
+# batch 1 (the register tiles); the weights-on-M tile padded to 16 (SWAP_MIN_N=16: the rules' 8
+# is mma.sync under Triton 3.6), with its weights by TMA, and at 32; w8a8 at batch 1 (its
+# projections on the weights-on-M tile with e4m3 inputs)
+@pytest.mark.parametrize("batch,fp8,fields", [(1, False, {}), (4, False, {"SWAP_MIN_N": 16}),
+                                              (4, False, {"SWAP_MIN_N": 16, "SWAP_TMA": 1}), (32, False, {}),
+                                              (1, True, {"SWAP_MIN_N": 16})],
+                         ids=["b1", "b4-n16", "b4-n16-tma", "b32", "b1-w8a8-n16"])
+def test_all_kernels_compile_for_sm90(batch, fp8, fields):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(DEVICE="cuda", PYTHONPATH=str(REPO))
     r = subprocess.run([sys.executable, "-m", "megakernel.compile_check", "--model", "0.6b", "--workers", "264",
-                        "--max-seq-len", "512", "--batch-size", str(batch), "--json"], cwd=REPO, env=env,
+                        "--max-seq-len", "512", "--batch-size", str(batch), "--json",
+                        *(["--quantize", "fp8", "--fp8-activations", "dynamic"] if fp8 else []),
+                        *[a for k, v in fields.items() for a in ("--set", f"{k}={v}")]], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=600)
     report = json.loads(r.stdout.strip().splitlines()[-1])
     failed = [row for row in report if not row["ok"]]
@@ -30,10 +40,14 @@ def test_all_kernels_compile_for_sm90(batch):
     assert r.returncode == 0
     rows = {row["kernel"]: row for row in report}
     gemv = ("qkv_kernel", "oproj_kernel", "gateup_kernel", "down_kernel", "lmhead_kernel")
-    if batch > 1:
+    if batch > 1 or fp8:
         # the batched projections are on Hopper's wgmma (instructions.wgmma): every weight dot, none left
         # on mma.sync; in the persistent kernel only attention's dots are mma.sync
         for name in gemv:
             assert rows[name]["wgmma"] >= 1 and rows[name]["mma_sync"] == 0, rows[name]
         assert rows["megakernel"]["wgmma"] >= sum(rows[n]["wgmma"] for n in gemv)     # (+ the TP partials)
         assert rows["megakernel"]["mma_sync"] == rows["attn_kernel"]["mma_sync"]
+    if fields.get("SWAP_TMA"):
+        # every projection's weights come by TMA copies
+        for name in gemv:
+            assert rows[name]["tma"] >= 1, rows[name]

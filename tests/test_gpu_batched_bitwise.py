@@ -19,11 +19,11 @@ pytestmark = pytest.mark.gpu
 SCRATCH = ("qkv", "attn", "act", "x")
 
 
-def _one_step(model, backend, prompt, batch_input="split"):
+def _one_step(model, backend, prompt, batch_input="split", **overrides):
     from megakernel import MegaQwen3
     from scheduler.ops import BATCH_INPUTS
     mk = MegaQwen3(model, max_seq_len=prompt.shape[1] + 8, batch_size=prompt.shape[0], backend=backend,
-                   plan_overrides={"BATCH_INPUT": BATCH_INPUTS[batch_input]})
+                   plan_overrides={"BATCH_INPUT": BATCH_INPUTS[batch_input], **overrides})
     mk.prefill(prompt)
     before = (mk.cache.k.clone(), mk.cache.v.clone())
     mk.step()
@@ -46,13 +46,34 @@ def test_per_op_step_equals_megakernel_bitwise(batch, batch_input):
     assert mega_plan == per_op_plan, "the two backends chose different tiles: nothing to compare bit for bit"
     assert all(torch.equal(a, b) for a, b in zip(mega_before, per_op_before)), "the prefills differ"
     print(f"plan {mega_plan}")
+    parted = _parted(mega, per_op)
+    assert not parted, "per-op parts from megakernel after one step: " + "; ".join(parted)
+    del model
+    torch.cuda.empty_cache()
+
+
+def _parted(one: dict, other: dict) -> list[str]:
     parted = []
-    for name, a in mega.items():
-        b = per_op[name]
+    for name, a in one.items():
+        b = other[name]
         if not torch.equal(a, b):
             diff = (a.float() - b.float()).abs()
             rows = (a != b).reshape(-1, a.shape[-1]).any(1).sum().item()
             parted.append(f"{name}: max |diff| {diff.max().item():.3g} in {rows} row(s)")
-    assert not parted, "per-op parts from megakernel after one step: " + "; ".join(parted)
+    return parted
+
+
+@pytest.mark.parametrize("batch", [8, 32])
+def test_tma_weights_equal_pointer_loads_bitwise(batch):
+    """SWAP_TMA=1 (the weights-on-M tile's weights by TMA) gives the pointer loads' step bit for bit,
+    in the persistent kernel and the per-op kernels: the same weights reach the same wgmma."""
+    model = _model("0.6b")
+    prompt = _prompt(model.config.vocab_size, (batch, 24))
+    for backend in ("megakernel", "per-op"):
+        base, _, plan = _one_step(model, backend, prompt, SWAP_TMA=0)
+        tma, _, tma_plan = _one_step(model, backend, prompt, SWAP_TMA=1)
+        assert tma_plan["SWAP_TMA"] == 1 and plan["BATCHED"] == 2
+        parted = _parted(base, tma)
+        assert not parted, f"{backend}: TMA weights part from pointer loads: " + "; ".join(parted)
     del model
     torch.cuda.empty_cache()
