@@ -245,6 +245,9 @@ def main(argv=None):
                              dtype_name=args.dtype, tp=args.tp, quantize=args.quantize,
                              fp8_activations=args.fp8_activations, num_warps=args.num_warps,
                              plan_overrides=args.overrides, **args.options)
+        import triton
+        # which dots become wgmma depends on the version (3.6 lowers a dot of N = 8 to mma.sync)
+        print(f"Triton {triton.__version__}, sm_{args.arch}")
         for r in report:
             if r["ok"]:
                 print(f"{r['kernel']:<16} ok    warps {r['num_warps']}  shared {r['shared']}  regs {r['n_regs']}  "

@@ -11,6 +11,12 @@ checked: an HTTP error or an error event counts as failed; a stream that ends wi
 or whose streamed tokens differ in number from its usage (or from --max-tokens where EOS is
 ignored), counts as lost. The exit status is 1 where anything failed or was lost, 2 for bad
 input, else 0; ``--json`` prints the report as one JSON object as the last stdout line.
+
+Where the server has a Prometheus ``/metrics`` (``megakernel.serve``), the report also gives the
+server's own p50s over the run (from its histograms, the difference of a scrape before and after,
+interpolated within a bucket as Prometheus' ``histogram_quantile``): time to first token from the
+request's arrival to its first token in the engine, and the decode step. A client TTFT far above
+the server's is spent outside the engine (HTTP, the event loops, this client).
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ from megakernel.cli import UsageError
 
 # Random prompt ids are drawn from here: inside every Qwen3 vocabulary and any byte-level one.
 PROMPT_ID_RANGE = (10, 256)
+# the server's histograms (megakernel.serve.metrics) whose p50 over the run the report gives, by key
+SERVER_HISTOGRAMS = {"server_ttft_ms_p50": "megakernel_time_to_first_token_seconds",
+                     "server_step_ms_p50": "megakernel_decode_step_seconds"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -134,6 +143,42 @@ async def one_request(client, args, model: str, prompt, stats: Stats):
     stats.itl += gaps
 
 
+async def scrape(client) -> dict | None:
+    """{histogram name: [(upper bound, cumulative count)]} of the server's /metrics, or None where it
+    has none."""
+    from prometheus_client.parser import text_string_to_metric_families
+    try:
+        r = await client.get("/metrics", timeout=10)
+    except Exception:
+        return None
+    if r.status_code != 200:
+        return None
+    out = {}
+    for fam in text_string_to_metric_families(r.text):
+        if fam.name in SERVER_HISTOGRAMS.values():
+            out[fam.name] = sorted((float(s.labels["le"]), s.value) for s in fam.samples
+                                   if s.name.endswith("_bucket"))
+    return out
+
+
+def histogram_p50(before: list, after: list) -> float | None:
+    """The median, in ms, of what a cumulative histogram counted between two scrapes (linear within
+    its bucket, as Prometheus' histogram_quantile); None where it counted nothing."""
+    before = dict(before)
+    counts = [(le, c - before.get(le, 0.0)) for le, c in after]
+    total = counts[-1][1] if counts else 0.0
+    if total <= 0:
+        return None
+    rank, lo, below = total / 2, 0.0, 0.0
+    for le, c in counts:
+        if c >= rank:
+            if le == float("inf"):
+                return lo * 1e3
+            return (lo + (le - lo) * (rank - below) / max(c - below, 1e-12)) * 1e3
+        lo, below = le, c
+    return None
+
+
 async def run(args) -> dict:
     import httpx
     limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
@@ -147,6 +192,7 @@ async def run(args) -> dict:
         health = (await client.get("/health", timeout=10)).json()
         rng = random.Random(args.seed)
         stats = Stats()
+        before = await scrape(client)
         deadline = time.perf_counter() + args.duration
 
         async def client_loop():
@@ -158,6 +204,9 @@ async def run(args) -> dict:
         t0 = time.perf_counter()
         await asyncio.gather(*(client_loop() for _ in range(args.concurrency)))
         wall = time.perf_counter() - t0
+        after = await scrape(client) if before is not None else None
+    server_side = {key: histogram_p50(before.get(name, []), after.get(name, [])) if after else None
+                   for key, name in SERVER_HISTOGRAMS.items()}
 
     def pct(xs, q):
         return float(np.percentile(xs, q) * 1e3) if xs else None
@@ -167,8 +216,8 @@ async def run(args) -> dict:
             "requests_per_s": stats.ok / wall, "output_tokens": stats.tokens,
             "output_tokens_per_s": stats.tokens / wall,
             "ttft_ms_p50": pct(stats.ttft, 50), "ttft_ms_p99": pct(stats.ttft, 99),
-            "itl_ms_p50": pct(stats.itl, 50), "itl_ms_p99": pct(stats.itl, 99), "errors": stats.errors,
-            "server": health}
+            "itl_ms_p50": pct(stats.itl, 50), "itl_ms_p99": pct(stats.itl, 99), **server_side,
+            "errors": stats.errors, "server": health}
 
 
 def record_row(args, argv, report: dict) -> dict:
@@ -202,6 +251,9 @@ def main(argv=None) -> int:
     print(f"output: {report['output_tokens']} tokens, {report['output_tokens_per_s']:.1f} tokens/s")
     print(f"time to first token: p50 {_ms(report['ttft_ms_p50'])}, p99 {_ms(report['ttft_ms_p99'])}")
     print(f"inter-token latency: p50 {_ms(report['itl_ms_p50'])}, p99 {_ms(report['itl_ms_p99'])}")
+    if report.get("server_ttft_ms_p50") is not None:
+        print(f"the server's own p50s: time to first token {_ms(report['server_ttft_ms_p50'])} (arrival to the "
+              f"engine's first token), decode step {_ms(report['server_step_ms_p50'])}")
     for e in report["errors"]:
         print(f"  {e}")
     if args.record:

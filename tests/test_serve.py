@@ -546,11 +546,27 @@ def test_loadtest_reports_with_nothing_failed(server, capsys, tmp_path):
     assert report["failed"] == 0 and report["lost"] == 0 and report["requests"] >= 6
     assert report["output_tokens"] == 6 * report["requests"]
     assert report["ttft_ms_p50"] > 0 and report["itl_ms_p99"] >= report["itl_ms_p50"] > 0
-    assert "requests/s" in out and "time to first token: p50" in out
+    # the server's own p50s from its /metrics (bucket-interpolated, so not compared with the client's)
+    assert 0 < report["server_ttft_ms_p50"] and 0 < report["server_step_ms_p50"]
+    assert row["server_ttft_ms_p50"] == report["server_ttft_ms_p50"]
+    assert "requests/s" in out and "time to first token: p50" in out and "the server's own p50s" in out
     assert loadtest.main(["--url", "http://127.0.0.1:9", "--duration", "1"]) == 2
     assert "error: cannot reach" in capsys.readouterr().err
     assert loadtest.main(["--url", server.url, "--record", str(tmp_path / "no" / "t.jsonl")]) == 2
     assert "error: --record" in capsys.readouterr().err
+
+
+def test_histogram_p50_is_prometheus_histogram_quantile():
+    """The loadtest's server-side p50: of the counts between two scrapes, linear within the bucket
+    that holds the middle rank (Prometheus' histogram_quantile), None where nothing was counted."""
+    from megakernel.loadtest import histogram_p50
+    inf = float("inf")
+    before = [(0.01, 5.0), (0.02, 5.0), (0.04, 5.0), (inf, 5.0)]
+    # 10 new observations: 2 up to 10 ms, 6 in (10, 20] ms, 2 in (20, 40] ms; the 5th lies 3/6 into the second bucket
+    after = [(0.01, 7.0), (0.02, 13.0), (0.04, 15.0), (inf, 15.0)]
+    assert abs(histogram_p50(before, after) - 15.0) < 1e-9
+    assert histogram_p50(after, after) is None
+    assert abs(histogram_p50([], [(0.01, 0.0), (0.02, 4.0), (inf, 4.0)]) - 15.0) < 1e-9
 
 
 def test_command_line_server(ckpt, tmp_path):
