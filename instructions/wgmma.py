@@ -1,10 +1,11 @@
 """The batched GEMV tile with the weights on the MMA's M side (``BATCHED = 2`` plans).
 
 out[B, N] = X[B, K] @ W[N, K]^T is computed transposed, out^T = W @ X^T: a tile holds BM = 64 or
-128 weight rows and multiplies them by the batch's input as the dot's N side (padded to 8 or 16
-(the plan's SWAP_MIN_N), 32 or 64). Triton emits Hopper's wgmma only where the dot's M is a multiple of 64; the batch on M (the
-older tile, ``batch_mma.batch_tiles``) left it on mma.sync. This is the operand swap of Mirage MPK's
-Hopper linear task and of the small-M fused-MoE kernels in SGLang and vLLM.
+128 weight rows and multiplies them by the batch's input as the dot's N side (padded to 8 or 16,
+the plan's SWAP_MIN_N, then 32 or 64). Triton emits Hopper's wgmma only where the dot's M is a
+multiple of 64 (and, under Triton 3.6, N at least 16); the batch on M (the older tile,
+``batch_mma.batch_tiles``) left it on mma.sync. This is the operand swap of Mirage MPK's Hopper
+linear task and of the small-M fused-MoE kernels in SGLang and vLLM.
 
 A stage has cdiv(N, R) row blocks and SK K-splits each (plan fields ``R_*`` and ``SK_*``); tile t
 is row block t // SK over K columns [(t % SK) K / SK, (t % SK + 1) K / SK), so a stage with fewer

@@ -226,6 +226,13 @@ def test_every_move_is_checked_or_named():
                 validate(build_tape(plan, 264, strategy=c.strategy))
                 valid += 1
         assert valid >= 3
+        # the feed of the weights-on-M tile: TMA, and from 8 rows up to 16 (wgmma under Triton 3.6)
+        assert any(c.overrides.get("SWAP_TMA") == 1 for c in cands) == (base.BATCHED == 2)
+        assert any(c.overrides.get("SWAP_MIN_N") == 16 for c in cands) == (base.BATCHED == 2 and B <= 8)
+    # w8a8's e4m3 input is the checkpoint's scheme: its plans move everything but that
+    base = make_plan(shapes_for("8b"), 8, 4096, 264, fp8=True, w8a8=True)
+    cands = moves(base, Candidate(), 264, cuda=True)
+    assert cands and not any("BATCH_INPUT" in c.overrides for c in cands)
 
 
 def run(module, *args, timeout=600):
