@@ -51,7 +51,7 @@ from .common import ACQUIRE, RELAXED, RELEASE, STORE, wait_counter
 from .kind import DeviceKind, split_rows, weight_rows
 from .matvec import next_norm
 from .tiles import TICK_DOWN, TICK_O, TICK_STRIDE, gemv_tile
-from .wgmma import SS_ROWS, write_xs
+from .wgmma import SS_ROWS, write_xs_seq
 
 # ``seen`` codes of a REDUCE that gave up (below every legal count, which is >= 0)
 PEER_TIMEOUT: tl.constexpr = tl.constexpr(-16)          # - r: rank r's flag never reached this step
@@ -161,15 +161,7 @@ def _reduce_xs(t0, t1, slot, off, x_ptr, peers_ptr, input_norm_ptr, post_norm_pt
             for b in range(B):
                 x = _add_partials(rows, b, off, x_ptr, peers_ptr, H, TP)
                 tl.store(x_ptr + b * H + rows, x, mask=rows < H)
-                _xs_block(x, rows, b, (t * R) // SS_ROWS + c, nw_ptr, xs_ptr, xss_ptr, B, H)
-
-
-@triton.jit
-def _xs_block(v, cols, b, blk, nw_ptr, xs_ptr, xss_ptr, B: tl.constexpr, H: tl.constexpr):
-    """Sequence b's x values ``v`` at columns ``cols`` (block ``blk`` of SS_ROWS) into xs and xss, as
-    ``wgmma.embed_xs`` writes a sequence's block."""
-    bb = b + tl.zeros([1], tl.int32)
-    write_xs(v[:, None], cols, (cols < H)[:, None] & (bb < B)[None, :], bb, nw_ptr, xs_ptr, xss_ptr, blk, B, H)
+                write_xs_seq(x, rows, b, (t * R) // SS_ROWS + c, nw_ptr, xs_ptr, xss_ptr, B, H)
 
 
 # The per-op kernels: a program per tile, no wait, no pool.
@@ -205,7 +197,7 @@ def xs_kernel(slot, x_ptr, xs_ptr, xss_ptr, input_norm_ptr, post_norm_ptr, final
     cols = blk * SS_ROWS + tl.arange(0, SS_ROWS)
     for b in range(B):
         x = tl.load(x_ptr + b * H + cols, mask=cols < H, other=0.0)
-        _xs_block(x, cols, b, blk, nw_ptr, xs_ptr, xss_ptr, B, H)
+        write_xs_seq(x, cols, b, blk, nw_ptr, xs_ptr, xss_ptr, B, H)
 
 
 def _rows(t0, t1, R, N):

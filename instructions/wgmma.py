@@ -93,16 +93,16 @@ def load_rstd(xss_ptr, eps, B: tl.constexpr, H: tl.constexpr, BP: tl.constexpr):
 
 
 @triton.jit
-def _load_w(w_ptr, wd, row0, rows_ok, K: tl.constexpr, k0, BM: tl.constexpr, KC: tl.constexpr, RAW: tl.constexpr,
+def _load_w(w_ptr, row0, rows_ok, K: tl.constexpr, k0, BM: tl.constexpr, KC: tl.constexpr, RAW: tl.constexpr,
             TMA: tl.constexpr):
     """Weight rows [row0, row0 + BM) x columns [k0, k0 + KC) as [BM, KC] (masked rows and columns
     read as 0); FP8 weights as e4m3 with RAW (w8a8 on the GPU), else as [BM, KC / 4] int32 words of
     four e4m3 bytes (``fp8.e4m3_bf16``). Read once a step: evicted first, so the activations
-    keep the cache. With TMA, from the descriptor ``wd`` (``_weights_desc``): rows past the
+    keep the cache. With TMA ``w_ptr`` is the weights' descriptor (``_weights_desc``): rows past the
     matrix and columns past K read as 0, rows of the next block as they are (the epilogue drops them)."""
     r = row0 + tl.arange(0, BM)
     if TMA:
-        w = wd.load([row0, k0])
+        w = w_ptr.load([row0, k0])
     elif w_ptr.dtype.element_ty == tl.float8e4nv and not RAW:
         KW: tl.constexpr = K // 4
         i = k0 // 4 + tl.arange(0, KC // 4)
@@ -302,10 +302,10 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
         acc2 = tl.zeros([BM, BP], dtype=tl.float32)
         k_lo = ks * KSPAN
         for k0 in tl.range(k_lo, k_lo + KSPAN, KC, num_stages=STAGES):
-            w = _load_w(w_ptr, wd, rb * R, rows_ok, K, k0, BM, KC, RAW, TMA)
+            w = _load_w(wd, rb * R, rows_ok, K, k0, BM, KC, RAW, TMA)
             w2 = w
             if TWO:
-                w2 = _load_w(w2_ptr, wd2, rb * R, rows_ok, K, k0, BM, KC, RAW, TMA)
+                w2 = _load_w(wd2, rb * R, rows_ok, K, k0, BM, KC, RAW, TMA)
             acc, acc2 = _chunk(acc, acc2, w, w2, in_ptr, ws_ptr, ws2_ptr, rows, rows_ok, bb, k0, k_lo,
                                B, K, KSPAN, KC, SB, TWO, FP8, SPLIT, EXACT, XBF16, XT, W8A8)
         if SK == 1:
@@ -334,15 +334,21 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
 
 
 @triton.jit
+def write_xs_seq(v, cols, b, blk, nw_ptr, xs_ptr, xss_ptr, B: tl.constexpr, H: tl.constexpr):
+    """``write_xs`` for one sequence b: its x values ``v`` [SS_ROWS] at columns ``cols`` (block
+    ``blk``)."""
+    bb = b + tl.zeros([1], tl.int32)
+    write_xs(v[:, None], cols, (cols < H)[:, None] & (bb < B)[None, :], bb, nw_ptr, xs_ptr, xss_ptr, blk, B, H)
+
+
+@triton.jit
 def embed_xs(b, embed_ptr, tok, nw_ptr, xs_ptr, xss_ptr, B: tl.constexpr, H: tl.constexpr):
     """EMBED's part for the weights-on-M tiles: sequence b's x (its token's embedding row) into
     ``xs`` and ``xss`` (``write_xs``) with the first layer's input norm weight ``nw``."""
-    bb = b + tl.zeros([1], tl.int32)
     for c0 in range(0, H, SS_ROWS):
         cols = c0 + tl.arange(0, SS_ROWS)
         v = tl.load(embed_ptr + tok * H + cols, mask=cols < H, other=0.0).to(tl.float32)
-        write_xs(v[:, None], cols, (cols < H)[:, None] & (bb < B)[None, :], bb, nw_ptr, xs_ptr, xss_ptr,
-                 c0 // SS_ROWS, B, H)
+        write_xs_seq(v, cols, b, c0 // SS_ROWS, nw_ptr, xs_ptr, xss_ptr, B, H)
 
 
 def kpart_elems(plan) -> int:

@@ -470,10 +470,8 @@ def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit:
         # the weights-on-M tile's xs, whole 64-column blocks: ``Plan`` checks it)
         plan = replace(plan, TP=tp, R_AR=min(next_pow2(plan.H), max(128, next_pow2(_cdiv(plan.H, max(1, workers))))))
     if fp8 and w8a8:
-        why = w8a8_unsupported(plan, tp)
-        if why:
-            raise ValueError(f"FP8 activations (w8a8) cannot run here: {why}; use weight-only FP8 "
-                             f"(--fp8-activations none)")
+        # every plan can take the weights-on-M tile that quantizes the inputs (under TP its REDUCE
+        # writes the normalised input)
         fields = w8a8_plan(plan, workers)
         fired.append((W8A8_RULE, fields))
         plan = replace(plan, FP8=1, **fields)
@@ -485,12 +483,6 @@ W8A8_RULE = Rule("w8a8", lambda x, p: False, lambda x, p: {},
 TP_SWAP_RULE = Rule("tp-swap", lambda x, p: False, lambda x, p: {},
                     "tensor parallel on the weights-on-M tile, as asked (tp_swap, or w8a8): not yet the default "
                     "until timed against batch-on-M on GPUs")
-
-
-def w8a8_unsupported(plan: Plan, tp: int = 1) -> str | None:
-    """Why a plan cannot run w8a8, or None: its inputs are quantized on the weights-on-M tile, which
-    every plan can take (under TP its REDUCE writes the normalised input, ``plan_and_rules``)."""
-    return None
 
 
 def w8a8_plan(p: Plan, workers: int) -> dict:
