@@ -344,3 +344,41 @@ def test_cpu_prefill_keeps_torch_ops_unless_asked(monkeypatch):
     assert not prefill_kernels.supported(cpu, torch.bfloat16)
     monkeypatch.setattr(prefill_kernels, "INTERPRET_ON_CPU", False)
     assert not prefill_kernels.supported(cpu, torch.float32)
+
+
+@pytest.mark.parametrize("pieces,runs", [
+    ([(0, 0, 0, 4), (1, 0, 4, 4), (2, 0, 8, 4)], [[0, 1, 2]]),
+    ([(0, 3, 0, 2), (1, 0, 2, 5), (2, 0, 7, 3)], [[0], [1, 2]]),     # a continuing piece runs alone
+    ([(0, 0, 0, 9), (1, 0, 9, 1), (2, 0, 10, 2)], [[0, 1], [2]]),    # 2 x 9 <= 2 x 10; 3 x 9 > 2 x 12
+])
+def test_pieces_that_start_their_prompts_share_one_attention_call(pieces, runs):
+    got = qwen3_prefill.group_pieces(pieces)
+    assert [[pieces.index(p) for p in run] for run in got] == runs
+
+
+@pytest.mark.parametrize("lengths,slots", [([6, 6, 6], [1, 2, 3]), ([4, 4], [3, 0]), ([5, 7, 6, 2], [3, 0, 2, 1])],
+                         ids=["equal-neighbours", "equal-scattered", "ragged-scattered"])
+def test_grouped_attention_gives_what_one_call_a_prompt_gives(tiny_checkpoint, seed, monkeypatch, lengths, slots):
+    """Prompts admitted together (a server's packed admission, into any slots) attend in one padded
+    SDPA call. Prompts of one length get the bits of one call a prompt; ragged ones the same values
+    within float32 rounding (the CPU's SDPA sums a padded row in another order; the cache's keys
+    and values, written before attention, stay the same bits)."""
+    tiny = tiny_checkpoint(**SHAPES["gqa5-odd"])
+    model = load_model(str(tiny.folder), device="cpu", progress=False)
+    prompts = [torch.tensor(random_prompt(n, tiny.vocab_size, seed + i)) for i, n in enumerate(lengths)]
+    assert len(qwen3_prefill.group_pieces(qwen3_prefill.plan_chunks(lengths, 64)[0])) < len(lengths)
+    stale = KVCache.allocate(model.config, 4, 12, torch.float32, "cpu")
+    stale.k.normal_(), stale.v.normal_()      # old keys past each prompt must not leak in
+    out = []
+    for ratio in (qwen3_prefill.GROUP_PAD_RATIO, 0):     # 0: every piece its own call
+        monkeypatch.setattr(qwen3_prefill, "GROUP_PAD_RATIO", ratio)
+        cache = KVCache(stale.k.clone(), stale.v.clone(), stale.lengths.clone())
+        out.append((prefill(model.config, model.weights, cache, prompts, slots=slots), cache))
+    (grouped, c1), (alone, c2) = out
+    if len(set(lengths)) == 1:
+        assert torch.equal(grouped, alone)
+        assert torch.equal(c1.k, c2.k) and torch.equal(c1.v, c2.v)
+    else:
+        assert rel_err(grouped, alone) < 1e-5
+        assert rel_err(c1.k, c2.k) < 1e-5 and rel_err(c1.v, c2.v) < 1e-5
+    assert torch.equal(c1.lengths, c2.lengths)

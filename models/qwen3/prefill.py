@@ -8,7 +8,8 @@ the input RMSNorm, one fused QKV GEMM, then one Triton kernel (``prefill_kernels
 and RoPE over all heads, writing the rotated queries for SDPA and the chunk's keys and values into
 the KV cache in the layout the decode kernels read (``[layers, batch, kv_heads, max_seq_len,
 head_dim]``), then attention for each piece of a sequence in the chunk: its queries against its
-sequence's cache up to and including itself, causal from the lower right (``causal_lower_right``),
+sequence's cache up to and including itself, causal from the lower right (``causal_lower_right``;
+prompts that start in the chunk share one SDPA call, padded to the longest, ``group_pieces``),
 then O projection and MLP (SiLU(gate) * up one more Triton kernel) with the residual adds fused
 into the GEMMs (``addmm_``). Only the last position of each sequence reaches the final norm and the
 LM head. That is nine launches a layer for a chunk of one piece; where the Triton kernels cannot
@@ -87,9 +88,9 @@ def _flash_takes_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool, mask) -> torch.Tensor:
-    """Causal attention of T queries at the last T of S key positions: q [1, Hq, T, D], k and v
-    [1, Hkv, S, D] with S >= T; ``gqa``: ``_flash_takes_gqa`` of such a call; ``mask``: None where
-    S == T, else ``causal_lower_right(T, S)``. Returns [T, Hq, D]."""
+    """Causal attention of T queries at the last T of S key positions, for G sequences: q [G, Hq,
+    T, D], k and v [G, Hkv, S, D] with S >= T; ``gqa``: ``_flash_takes_gqa`` of such a call;
+    ``mask``: None where S == T, else ``causal_lower_right(T, S)``. Returns [G, T, Hq, D]."""
     if not gqa and q.shape[1] != k.shape[1]:
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -97,7 +98,70 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool, mask) -
     # efficient); a chunk after the first sees its cache prefix, i.e. causal from the lower right,
     # which SDPA routes to flash (or efficient) with the diagonal aligned to the last key.
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
-    return out[0].transpose(0, 1)
+    return out.transpose(1, 2)
+
+
+# Prompts that start in the same chunk share one SDPA call, padded to the longest of them, while
+# the padding at most doubles their tokens (a server admits many short prompts at once: one call
+# a piece a layer cost more host time than the GPU work).
+GROUP_PAD_RATIO = 2
+
+
+def group_pieces(pieces: Sequence[tuple[int, int, int, int]]) -> list[list[tuple[int, int, int, int]]]:
+    """Runs of a chunk's consecutive pieces, each attended in one call: pieces that start their
+    sequence (position 0) group while G x the longest stays within GROUP_PAD_RATIO x their tokens;
+    a piece that continues its sequence from an earlier chunk (it attends over a cache prefix) is
+    a run of its own."""
+    runs: list[list] = []
+    for p in pieces:
+        cur = runs[-1] if runs and runs[-1][0][1] == 0 else None
+        if p[1] == 0 and cur is not None:
+            ms = [m for *_, m in cur] + [p[3]]
+            if len(ms) * max(ms) <= GROUP_PAD_RATIO * sum(ms):
+                cur.append(p)
+                continue
+        runs.append([p])
+    return runs
+
+
+class _Run:
+    """One SDPA call a layer for a run of pieces (``group_pieces``) of a chunk: its queries as a
+    [G, Hq, T, D] view of the chunk's rotated queries (or, where lengths differ, a zero-padded copy),
+    its sequences' keys and values in the cache up to the run's end, its mask."""
+
+    def __init__(self, run, q: torch.Tensor, cache: KVCache, slots: Sequence[int]):
+        self.o, self.n = run[0][2], sum(m for *_, m in run)
+        lens = [m for *_, m in run]
+        T, G = max(lens), len(run)
+        seq = [slots[b] for b, *_ in run]
+        p0 = run[0][1]          # 0 unless a lone continuing piece
+        self.q_src = q[self.o:self.o + self.n]
+        self.pad = None
+        if all(m == T for m in lens):
+            self.q = self.q_src.view(G, T, *q.shape[1:]).transpose(1, 2)
+        else:   # each piece's rows at g * T + r of a [G * T] buffer; the padding's rows stay zero
+            self.pad = torch.cat([torch.arange(m) + g * T for g, m in enumerate(lens)]).to(q.device)
+            self.buf = q.new_zeros(G * T, *q.shape[1:])
+            self.q = self.buf.view(G, T, *q.shape[1:]).transpose(1, 2)
+        end = p0 + T
+        if seq == list(range(seq[0], seq[0] + G)):     # neighbouring slots: views, no copy
+            self.k = cache.k[:, seq[0]:seq[0] + G, :, :end].unbind(0)
+            self.v = cache.v[:, seq[0]:seq[0] + G, :, :end].unbind(0)
+            self.idx = None
+        else:
+            self.k, self.v = cache.k[:, :, :, :end].unbind(0), cache.v[:, :, :, :end].unbind(0)
+            self.idx = torch.tensor(seq, device=q.device)
+        self.mask = None if p0 == 0 else causal_lower_right(T, end)
+
+    def __call__(self, l: int, gqa: bool) -> torch.Tensor:
+        """Layer l's attention output of the run's tokens, [n, Hq, D] in the chunk's order."""
+        if self.pad is not None:
+            self.buf.index_copy_(0, self.pad, self.q_src)
+        k, v = self.k[l], self.v[l]
+        if self.idx is not None:
+            k, v = k.index_select(0, self.idx), v.index_select(0, self.idx)
+        out = attend(self.q, k, v, gqa, self.mask).flatten(0, 1)      # [G * T, Hq, D]
+        return out if self.pad is None else out[self.pad]
 
 
 def _layer_weights(w: Qwen3Weights, name: str, transposed: bool = False):
@@ -173,13 +237,9 @@ def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence
         qk = None if fused else torch.empty(n, Hq + Hkv, D, dtype=w.dtype, device=dev)
         q = torch.empty(n, Hq, D, dtype=w.dtype, device=dev) if fused else qk[:, :Hq]
         act = torch.empty(n, I, dtype=w.dtype, device=dev)
-        # each piece's queries [1, Hq, m, D], its sequence's keys and values up to its end in every
-        # layer [1, Hkv, p0 + m, D], and its mask
-        views = [(q[None, o:o + m].transpose(1, 2), cache.k[:, slots[b], None, :, :p0 + m].unbind(0),
-                  cache.v[:, slots[b], None, :, :p0 + m].unbind(0), None if p0 == 0 else causal_lower_right(m, p0 + m))
-                 for b, p0, o, m in pieces]
+        runs = [_Run(run, q, cache, slots) for run in group_pieces(pieces)]
         if gqa is None:
-            gqa = _flash_takes_gqa(views[0][0], views[0][1][0], views[0][2][0])
+            gqa = _flash_takes_gqa(runs[0].q[:1], runs[0].k[0][:1], runs[0].v[0][:1])
         x = w.embed[tokens[span]]                                          # [n, H]
         for l in range(L):
             h = F.rms_norm(x, (H,), in_norm[l], eps)
@@ -189,7 +249,7 @@ def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence
                                                    cache_k[l], cache_v[l], q, eps)
             else:
                 qk_rope(qkv, l, c0, [(slots[b], p0, o, m) for b, p0, o, m in pieces], cache, qk)
-            outs = [attend(qp, kp[l], vp[l], gqa, mask) for qp, kp, vp, mask in views]
+            outs = [run(l, gqa) for run in runs]
             attn = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(n, cfg.q_size)
             if reduce is None:
                 x.addmm_(attn, wo_t(l))
