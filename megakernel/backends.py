@@ -142,6 +142,7 @@ class PersistentBackend:
         self.num_warps, self.strategy, self.max_bk = num_warps, strategy, max_bk
         self.steps = self._reset_at = 0
         self._pending = None
+        self._launch_args: dict = {}
         self.sms = default_workers(dev) if dev.type == "cuda" else 0   # SM pairs: CUDA only (_build)
         self.num_workers, self.workers_per_sm = num_workers, workers_per_sm
         self.sampling = False           # the tape has a SAMPLE stage (``set_sampling``)
@@ -246,7 +247,17 @@ class PersistentBackend:
         self.pairs.zero_()
 
     def launch_args(self, steps: int = 1) -> dict:
-        """The persistent kernel's keyword arguments for a launch of ``steps`` steps (``kernel_args``)."""
+        """The persistent kernel's keyword arguments for a launch of ``steps`` steps (``kernel_args``),
+        made once per setting: building them (a signature and the plan's fields) cost about 200 us a
+        launch, which a one-step launch pays on top of the kernel."""
+        key = (steps, self.spin, self.trace, self.prefetch_tape, self.sm_pairs, self.words.shape[1], self.num_warps)
+        plan, st, args = self._launch_args.get(key, (None, None, None))
+        if plan is not self.plan or st is not self.st:      # a rebuild or another variant's buffers
+            args = self._make_launch_args(steps)
+            self._launch_args[key] = (self.plan, self.st, args)
+        return args
+
+    def _make_launch_args(self, steps: int) -> dict:
         consts = dict(self.plan.constexprs(), SPIN=self.spin, TRACE=self.trace, PREFETCH_TAPE=self.prefetch_tape,
                       SM_PAIRS=self.sm_pairs)
         kwargs = kernel_args(self.kernel, self.st, consts, max_len=self.words.shape[1], steps=steps,
