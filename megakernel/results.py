@@ -533,8 +533,10 @@ def questions_markdown(rows: list[dict], plots: str | Path, rel_to: str | Path, 
     keys = sorted(serve, key=lambda k: (k[0], _model_key(k[1]), k[2] or 0))
     body = [[f"{m} on {short_device(d)}", str(c), _fmt(serve[(d, m, c)].get("requests_per_s"), 1),
              _fmt(serve[(d, m, c)].get("output_tokens_per_s"), 0), _fmt(serve[(d, m, c)].get("ttft_ms_p50"), 1),
-             _fmt(serve[(d, m, c)].get("itl_ms_p50"), 2)] for d, m, c in keys]
-    out += _table(["model", "clients", "requests/s", "output tok/s", "TTFT p50 ms", "ITL p50 ms"], body) \
+             _fmt(serve[(d, m, c)].get("itl_ms_p50"), 2), str(serve[(d, m, c)].get("git_commit") or "?")[:7]]
+            for d, m, c in keys]
+    # the server changed between runs (static batch, then buckets): each cell names its commit
+    out += _table(["model", "clients", "requests/s", "output tok/s", "TTFT p50 ms", "ITL p50 ms", "commit"], body) \
         if body else ["_No load test recorded._"]
     if keys:
         path = plots / "q-serve.png"
