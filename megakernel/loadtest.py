@@ -17,6 +17,11 @@ server's own p50s over the run (from its histograms, the difference of a scrape 
 interpolated within a bucket as Prometheus' ``histogram_quantile``): time to first token from the
 request's arrival to its first token in the engine, and the decode step. A client TTFT far above
 the server's is spent outside the engine (HTTP, the event loops, this client).
+
+The clients are spread over processes (``--processes``; by default one per 16 clients), each with
+its own event loop, started together: one Python process parsing thousands of streamed chunks a
+second is busy enough that its own delays would count as the server's. The report gives each
+process's CPU use and says where it is over 80% of a CPU.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
+import os
 import random
 import sys
 import time
@@ -37,6 +44,10 @@ from megakernel.cli import UsageError
 # Random prompt ids are drawn from here: inside every Qwen3 vocabulary and any byte-level one.
 PROMPT_ID_RANGE = (10, 256)
 # the server's histograms (megakernel.serve.metrics) whose p50 over the run the report gives, by key
+# the default spreads the clients over processes of at most this many each; a process busier than
+# CLIENT_BUSY of a CPU is said to be a bottleneck of its own
+CLIENTS_PER_PROCESS = 16
+CLIENT_BUSY = 0.8
 SERVER_HISTOGRAMS = {"server_ttft_ms_p50": "megakernel_time_to_first_token_seconds",
                      "server_step_ms_p50": "megakernel_decode_step_seconds"}
 
@@ -55,6 +66,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="model name (default: the server's first in /v1/models)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    p.add_argument("--processes", type=int, default=None,
+                   help="client processes the clients are spread over (default: one per 16 clients, at most half "
+                        "the CPUs): one Python process streaming thousands of chunks a second is itself the "
+                        "bottleneck, and its own delays would count as the server's latency")
     p.add_argument("--json", action="store_true", help="print the report as JSON as the last stdout line")
     p.add_argument("--record", metavar="PATH", default=None,
                    help="append the report as a row to the results table (e.g. bench/results.jsonl), with the "
@@ -66,11 +81,14 @@ def parse_args(argv=None) -> argparse.Namespace:
             check_writable(args.record, "--record")
         except ValueError as e:
             raise UsageError(str(e)) from None
-    for name in ("concurrency", "max_tokens", "prompt_tokens"):
+    if args.processes is None:
+        args.processes = max(1, min(-(-args.concurrency // CLIENTS_PER_PROCESS), (os.cpu_count() or 2) // 2))
+    for name in ("concurrency", "max_tokens", "prompt_tokens", "processes"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if not args.duration > 0 or not args.timeout > 0:
         raise UsageError("--duration and --timeout must be positive")
+    args.processes = min(args.processes, args.concurrency)
     return args
 
 
@@ -179,10 +197,79 @@ def histogram_p50(before: list, after: list) -> float | None:
     return None
 
 
+async def _clients(args, model: str, n: int, rng: random.Random, deadline: float) -> Stats:
+    """``n`` clients, each sending one request after another until ``deadline`` (time.monotonic)."""
+    import httpx
+    stats = Stats()
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(base_url=args.url.rstrip("/"), timeout=args.timeout, limits=limits) as client:
+        async def client_loop():
+            while time.monotonic() < deadline:
+                prompt = args.prompt if args.prompt is not None else \
+                    [rng.randrange(*PROMPT_ID_RANGE) for _ in range(args.prompt_tokens)]
+                await one_request(client, args, model, prompt, stats)
+
+        await asyncio.gather(*(client_loop() for _ in range(n)))
+    return stats
+
+
+def _process(args, model: str, n: int, seed: int, ready, go, deadline, out):
+    """One client process: ``n`` clients from the moment ``go`` is set until ``deadline``; puts its
+    Stats, the time it finished and the CPU seconds it used on ``out``."""
+    try:
+        ready.put(os.getpid())
+        go.wait()
+        cpu = time.process_time()
+        stats = asyncio.run(_clients(args, model, n, random.Random(seed), deadline.value))
+        out.put((stats, time.monotonic(), time.process_time() - cpu))
+    except BaseException as e:    # the parent reports it rather than waiting for ever
+        out.put(e)
+
+
+def _merge(parts: list[Stats]) -> Stats:
+    total = Stats()
+    for p in parts:
+        total.ok, total.failed, total.lost, total.tokens = (total.ok + p.ok, total.failed + p.failed,
+                                                            total.lost + p.lost, total.tokens + p.tokens)
+        total.ttft += p.ttft
+        total.itl += p.itl
+        total.errors += p.errors[:10 - len(total.errors)]
+    return total
+
+
+def _spread(args, model: str) -> tuple[Stats, float, float]:
+    """The clients over ``args.processes`` processes, started together: merged Stats, the wall time
+    from the start to the last one's end, and the processes' mean CPU use (a fraction of one CPU)."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, out, go, deadline = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
+    P = args.processes
+    shares = [args.concurrency // P + (i < args.concurrency % P) for i in range(P)]
+    procs = [ctx.Process(target=_process, args=(args, model, n, args.seed * 1000 + i, ready, go, deadline, out),
+                         daemon=True) for i, n in enumerate(shares)]
+    for p in procs:
+        p.start()
+    try:
+        for _ in procs:
+            ready.get(timeout=120)
+        t0 = time.monotonic()
+        deadline.value = t0 + args.duration
+        go.set()
+        results = [out.get(timeout=args.duration + args.timeout + 60) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        raise RuntimeError(f"a client process failed: {type(failed[0]).__name__}: {failed[0]}")
+    wall = max(end for _, end, _ in results) - t0
+    return _merge([st for st, _, _ in results]), wall, sum(cpu for *_, cpu in results) / len(results) / wall
+
+
 async def run(args) -> dict:
     import httpx
-    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
-    async with httpx.AsyncClient(base_url=args.url.rstrip("/"), timeout=args.timeout, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=args.url.rstrip("/"), timeout=args.timeout) as client:
         try:
             models = (await client.get("/v1/models", timeout=10)).json()["data"]
         except Exception as e:
@@ -190,20 +277,14 @@ async def run(args) -> dict:
                 from None
         model = args.model or models[0]["id"]
         health = (await client.get("/health", timeout=10)).json()
-        rng = random.Random(args.seed)
-        stats = Stats()
         before = await scrape(client)
-        deadline = time.perf_counter() + args.duration
-
-        async def client_loop():
-            while time.perf_counter() < deadline:
-                prompt = args.prompt if args.prompt is not None else \
-                    [rng.randrange(*PROMPT_ID_RANGE) for _ in range(args.prompt_tokens)]
-                await one_request(client, args, model, prompt, stats)
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client_loop() for _ in range(args.concurrency)))
-        wall = time.perf_counter() - t0
+        if args.processes == 1:
+            cpu, t0 = time.process_time(), time.monotonic()
+            stats = await _clients(args, model, args.concurrency, random.Random(args.seed), t0 + args.duration)
+            wall = time.monotonic() - t0
+            cpu_use = (time.process_time() - cpu) / wall
+        else:     # the processes run their own event loops; this one only waits
+            stats, wall, cpu_use = await asyncio.to_thread(_spread, args, model)
         after = await scrape(client) if before is not None else None
     server_side = {key: histogram_p50(before.get(name, []), after.get(name, [])) if after else None
                    for key, name in SERVER_HISTOGRAMS.items()}
@@ -217,6 +298,7 @@ async def run(args) -> dict:
             "output_tokens_per_s": stats.tokens / wall,
             "ttft_ms_p50": pct(stats.ttft, 50), "ttft_ms_p99": pct(stats.ttft, 99),
             "itl_ms_p50": pct(stats.itl, 50), "itl_ms_p99": pct(stats.itl, 99), **server_side,
+            "client_processes": args.processes, "client_cpu": round(cpu_use, 3),
             "errors": stats.errors, "server": health}
 
 
@@ -251,6 +333,10 @@ def main(argv=None) -> int:
     print(f"output: {report['output_tokens']} tokens, {report['output_tokens_per_s']:.1f} tokens/s")
     print(f"time to first token: p50 {_ms(report['ttft_ms_p50'])}, p99 {_ms(report['ttft_ms_p99'])}")
     print(f"inter-token latency: p50 {_ms(report['itl_ms_p50'])}, p99 {_ms(report['itl_ms_p99'])}")
+    busy = report["client_cpu"] > CLIENT_BUSY
+    print(f"clients: {report['client_processes']} process(es), each {100 * report['client_cpu']:.0f}% of a CPU"
+          + (f" (over {100 * CLIENT_BUSY:.0f}%: the clients' own delays count in these latencies; give more "
+             f"--processes)" if busy else ""))
     if report.get("server_ttft_ms_p50") is not None:
         print(f"the server's own p50s: time to first token {_ms(report['server_ttft_ms_p50'])} (arrival to the "
               f"engine's first token), decode step {_ms(report['server_step_ms_p50'])}")

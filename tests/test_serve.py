@@ -550,6 +550,16 @@ def test_loadtest_reports_with_nothing_failed(server, capsys, tmp_path):
     assert 0 < report["server_ttft_ms_p50"] and 0 < report["server_step_ms_p50"]
     assert row["server_ttft_ms_p50"] == report["server_ttft_ms_p50"]
     assert "requests/s" in out and "time to first token: p50" in out and "the server's own p50s" in out
+    assert row["client_processes"] == 1 and 0 < row["client_cpu"]
+    # clients spread over processes started together: the same checks, their figures merged
+    rc = loadtest.main(["--url", server.url, "--concurrency", "3", "--duration", "2", "--max-tokens", "4",
+                        "--prompt-tokens", "5", "--processes", "2", "--json"])
+    out = capsys.readouterr().out
+    spread = json.loads(out.strip().splitlines()[-1])
+    assert rc == 0, out
+    assert spread["client_processes"] == 2 and spread["failed"] == spread["lost"] == 0 and spread["requests"] >= 3
+    assert spread["output_tokens"] == 4 * spread["requests"] and len(spread["server"]) > 0
+    assert "2 process(es)" in out
     assert loadtest.main(["--url", "http://127.0.0.1:9", "--duration", "1"]) == 2
     assert "error: cannot reach" in capsys.readouterr().err
     assert loadtest.main(["--url", server.url, "--record", str(tmp_path / "no" / "t.jsonl")]) == 2
