@@ -15,7 +15,8 @@ input, else 0; ``--json`` prints the report as one JSON object as the last stdou
 Where the server has a Prometheus ``/metrics`` (``megakernel.serve``), the report also gives the
 server's own p50s over the run (from its histograms, the difference of a scrape before and after,
 interpolated within a bucket as Prometheus' ``histogram_quantile``): time to first token from the
-request's arrival to its first token in the engine, and the decode step. A client TTFT far above
+request's arrival to its first token in the engine, its wait for admission and the admitting
+prefill, and the decode step. A client TTFT far above
 the server's is spent outside the engine (HTTP, the event loops, this client).
 
 The clients are spread over processes (``--processes``; by default one per 16 clients), each with
@@ -49,6 +50,8 @@ PROMPT_ID_RANGE = (10, 256)
 CLIENTS_PER_PROCESS = 16
 CLIENT_BUSY = 0.8
 SERVER_HISTOGRAMS = {"server_ttft_ms_p50": "megakernel_time_to_first_token_seconds",
+                     "server_queue_ms_p50": "megakernel_request_queue_time_seconds",
+                     "server_prefill_ms_p50": "megakernel_prefill_seconds",
                      "server_step_ms_p50": "megakernel_decode_step_seconds"}
 
 
@@ -339,7 +342,9 @@ def main(argv=None) -> int:
              f"--processes)" if busy else ""))
     if report.get("server_ttft_ms_p50") is not None:
         print(f"the server's own p50s: time to first token {_ms(report['server_ttft_ms_p50'])} (arrival to the "
-              f"engine's first token), decode step {_ms(report['server_step_ms_p50'])}")
+              f"engine's first token; of it, waiting for admission {_ms(report.get('server_queue_ms_p50'))} and "
+              f"the admitting prefill {_ms(report.get('server_prefill_ms_p50'))}), decode step "
+              f"{_ms(report['server_step_ms_p50'])}")
     for e in report["errors"]:
         print(f"  {e}")
     if args.record:

@@ -425,6 +425,9 @@ def test_metrics_are_prometheus_text(server):
     ttft = samples[("megakernel_time_to_first_token_seconds_count", ())]
     assert ttft >= 1 and samples[("megakernel_inter_token_latency_seconds_count", ())] >= 4
     assert samples[("megakernel_queue_depth", ())] == 0
+    # the first token's wait in parts: this request's prompt waited for a prefill, which took time
+    assert samples[("megakernel_request_queue_time_seconds_count", ())] >= 1
+    assert samples[("megakernel_prefill_seconds_count", ())] >= 1 and samples[("megakernel_prefill_seconds_sum", ())] > 0
 
 
 def test_client_disconnect_frees_its_slot(ckpt):
@@ -548,6 +551,8 @@ def test_loadtest_reports_with_nothing_failed(server, capsys, tmp_path):
     assert report["ttft_ms_p50"] > 0 and report["itl_ms_p99"] >= report["itl_ms_p50"] > 0
     # the server's own p50s from its /metrics (bucket-interpolated, so not compared with the client's)
     assert 0 < report["server_ttft_ms_p50"] and 0 < report["server_step_ms_p50"]
+    assert 0 < report["server_queue_ms_p50"] and 0 < report["server_prefill_ms_p50"]
+    assert row["server_prefill_ms_p50"] == report["server_prefill_ms_p50"]
     assert row["server_ttft_ms_p50"] == report["server_ttft_ms_p50"]
     assert "requests/s" in out and "time to first token: p50" in out and "the server's own p50s" in out
     assert row["client_processes"] == 1 and 0 < row["client_cpu"]

@@ -310,6 +310,10 @@ class Engine:
         if not batch:
             return
         slots = list(range(first, first + len(batch)))
+        start = time.perf_counter()
+        for seq in batch:
+            if seq.choice == 0:
+                self.metrics.queue_time.observe(start - seq.req.arrival)
         try:
             chosen = self._prefill(batch, slots)
         except Exception as e:
@@ -323,6 +327,7 @@ class Engine:
                     except Exception as e1:
                         chosen.append(self._prefill_failed(seq, b, e1, events))
         now = time.perf_counter()
+        self.metrics.prefill.observe(now - start)
         placed = []
         for seq, b, token in zip(batch, slots, chosen):
             if token is None:

@@ -38,6 +38,12 @@ class Metrics:
         self.step = Histogram("megakernel_decode_step_seconds", "One decode step of the running bucket, "
                               "sampling included (a launch of several steps: its time over its steps)",
                               buckets=LATENCY_BUCKETS, registry=r)
+        # the first token's wait, in parts: for the prefill that admits the request, then that prefill
+        self.queue_time = Histogram("megakernel_request_queue_time_seconds", "From a request's arrival to the "
+                                    "start of the packed prefill that admits its prompt (once a prompt)", buckets=TTFT_BUCKETS, registry=r)
+        self.prefill = Histogram("megakernel_prefill_seconds", "One packed admission prefill of the prompts "
+                                 "that arrived together, their first tokens included", buckets=LATENCY_BUCKETS,
+                                 registry=r)
         self.e2e = Histogram("megakernel_request_latency_seconds", "From a request's arrival to its last "
                              "token", buckets=TTFT_BUCKETS, registry=r)
         for outcome in ("ok", "cancelled", "error", "bad_request", "rejected"):
