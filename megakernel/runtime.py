@@ -195,6 +195,7 @@ class MegaQwen3:
         from .model import check_memory
         check_memory(dev, kv_bytes, f"a KV cache for batch {batch_size} x {max_seq_len} positions")
         self.cache = KVCache.allocate(self.config, batch_size, max_seq_len, dt, dev)
+        self._prefill_graphs = None     # enable_prefill_graphs
         self.tokens = torch.zeros(batch_size, dtype=torch.int32, device=dev)      # pending input tokens
         self.logits = torch.zeros(batch_size, self.config.vocab_size, dtype=torch.float32, device=dev)
         self.reference = Qwen3Reference(self.config, self.weights, self.cache, reduce=self._reduce, w8a8=self.w8a8)
@@ -493,8 +494,12 @@ class MegaQwen3:
         ids = [torch.as_tensor(p, dtype=torch.long).flatten().cpu() for p in prompts]
         for b, p in zip(slots, ids):
             self._check_prompt(f"slot {b}'s prompt", p)
-        logits = qwen3_prefill.prefill(self.config, self.weights, self.cache, ids, reduce=self._reduce,
-                                       slots=slots).float()
+        graphs = self._prefill_graphs
+        if graphs is not None and graphs.fits([p.numel() for p in ids]):
+            logits = graphs(ids, slots)
+        else:
+            logits = qwen3_prefill.prefill(self.config, self.weights, self.cache, ids, reduce=self._reduce,
+                                           slots=slots).float()
         idx = torch.tensor(slots, device=self.tokens.device)
         for b, p in zip(slots, ids):
             self._lengths[b] = p.numel()
@@ -504,6 +509,17 @@ class MegaQwen3:
         positions = torch.tensor([p.numel() for p in ids], dtype=self.cache.lengths.dtype, device=self.tokens.device)
         self.tokens[idx] = self.sample_reference(positions, idx).to(self.tokens.dtype)
         return logits
+
+    def enable_prefill_graphs(self, max_tokens: int = 2048):
+        """Run ``prefill_slots`` of short fresh prompts (at most ``max_tokens`` in all, each at most
+        ``prefill_graphs.MAX_PROMPT_LEN``) as CUDA graphs, one per token bucket, captured now
+        (``models/qwen3/prefill_graphs.py``): a short admission is otherwise bound by the host's
+        launches. Logits equal the eager prefill's within rounding. 16-bit weights on one GPU."""
+        from models.qwen3.prefill_graphs import PrefillGraphs
+        if self.tp > 1:
+            raise ValueError("prefill graphs run on one GPU (not with --tp)")
+        self._prefill_graphs = PrefillGraphs(self.config, self.weights, self.cache, self.batch_size, max_tokens)
+        self._prefill_graphs.capture_all()
 
     @torch.no_grad()
     def prefill_slot(self, b: int, input_ids) -> torch.Tensor:

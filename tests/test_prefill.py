@@ -266,12 +266,17 @@ for hq, hkv, inter in ((16, 8, 3072), (32, 8, 12288)):        # 0.6b, 8b
     sig = dict(gu_ptr="*bf16", out_ptr="*bf16", n="i32", gu_stride="i32", out_stride="i32", I="constexpr",
                BLOCK_M="constexpr", BLOCK_N="constexpr")
     compile(pk._silu_mul_kernel, sig, dict(I=inter, BLOCK_M=2, BLOCK_N=1024), ["gu_ptr", "out_ptr", "gu_stride", "out_stride"])
+    sig = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", out_ptr="*bf16", seq_ptr="*i64", pos_ptr="*i64",
+               cache_sb="i32", cache_sh="i32", cache_sp="i32", scale="fp32", HQ="constexpr", HKV="constexpr",
+               D="constexpr", G_PAD="constexpr", D_PAD="constexpr", BLOCK_N="constexpr")
+    compile(pk._cache_attention_kernel, sig, dict(HQ=hq, HKV=hkv, D=128, G_PAD=16, D_PAD=128, BLOCK_N=32),
+            [n for n in sig if n.endswith("_ptr") or n.startswith("cache_")])
 print(json.dumps(rows))
 """
 
 
 def test_prefill_kernels_compile_for_sm90():
-    """The interpreter cannot see what only Triton's compiler rejects: both kernels compile for
+    """The interpreter cannot see what only Triton's compiler rejects: the kernels compile for
     Hopper with 0.6b's and 8b's shapes in bf16, and store whole vectors (no 16-bit scalar stores:
     each head half and each column block is one contiguous run)."""
     import json
@@ -286,7 +291,7 @@ def test_prefill_kernels_compile_for_sm90():
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(r.stdout.strip().splitlines()[-1])
-    assert len(rows) == 4 and all(row["scalar_16bit_stores"] == 0 for row in rows), rows
+    assert len(rows) == 6 and all(row["scalar_16bit_stores"] == 0 for row in rows), rows
 
 
 @pytest.mark.gpu
@@ -382,3 +387,52 @@ def test_grouped_attention_gives_what_one_call_a_prompt_gives(tiny_checkpoint, s
         assert rel_err(grouped, alone) < 1e-5
         assert rel_err(c1.k, c2.k) < 1e-5 and rel_err(c1.v, c2.v) < 1e-5
     assert torch.equal(c1.lengths, c2.lengths)
+
+
+@pytest.mark.parametrize("lengths,slots", [([5, 7, 6, 2], [3, 0, 2, 1]), ([9], [2]), ([1, 1, 16], [0, 1, 3])],
+                         ids=["ragged", "one", "short-and-long"])
+def test_prefill_graph_body_equals_the_eager_prefill(tiny_checkpoint, seed, lengths, slots):
+    """The fixed-size prefill that CUDA graphs capture (``prefill_graphs``, run here without capture
+    through the interpreter): padded to its token bucket, attention by ``cache_attention`` over the
+    cache. Logits and cache equal the eager prefill's within float32 rounding, and nothing is
+    written for the padding or into other slots."""
+    from models.qwen3.prefill_graphs import PrefillGraphs
+    tiny = tiny_checkpoint(**SHAPES["gqa5-odd"])
+    model = load_model(str(tiny.folder), device="cpu", progress=False)
+    prompts = [torch.tensor(random_prompt(n, tiny.vocab_size, seed + i)) for i, n in enumerate(lengths)]
+    stale = KVCache.allocate(model.config, 4, 24, torch.float32, "cpu")
+    stale.k.normal_(), stale.v.normal_()
+    eager = KVCache(stale.k.clone(), stale.v.clone(), stale.lengths.clone())
+    want = prefill(model.config, model.weights, eager, prompts, slots=slots)
+    cache = KVCache(stale.k.clone(), stale.v.clone(), stale.lengths.clone())
+    graphs = PrefillGraphs(model.config, model.weights, cache, max_prompts=4, max_tokens=32)
+    assert graphs.buckets == [16, 32] and graphs.fits(lengths) and not graphs.capture
+    got = graphs(prompts, slots)
+    assert got.shape == want.shape and rel_err(got, want) < 1e-5
+    assert rel_err(cache.k, eager.k) < 1e-5 and rel_err(cache.v, eager.v) < 1e-5
+    for b in range(4):      # past each prompt (and in the slot left out) the old keys are untouched
+        n = lengths[slots.index(b)] if b in slots else 0
+        assert torch.equal(cache.k[:, b, :, n:], stale.k[:, b, :, n:]), f"slot {b}"
+    assert torch.equal(cache.lengths, eager.lengths)
+    assert not graphs.fits([33]) and not graphs.fits([1] * 5) and not graphs.fits([20, 20])
+
+
+def test_prefill_slots_with_graphs_gives_the_eager_first_tokens(tiny_checkpoint, seed, monkeypatch):
+    """``MegaQwen3.enable_prefill_graphs``: prompts that fit go through the graphs' prefill, longer
+    ones through the eager one, and both give the eager prefill's first tokens."""
+    from models.qwen3.prefill_graphs import PrefillGraphs
+    ran = []
+    call = PrefillGraphs.__call__
+    monkeypatch.setattr(PrefillGraphs, "__call__", lambda self, p, s: ran.append(len(p)) or call(self, p, s))
+    tiny = tiny_checkpoint(**SHAPES["gqa5-odd"])
+    model = load_model(str(tiny.folder), device="cpu", progress=False)
+    prompts = [random_prompt(n, tiny.vocab_size, seed + i) for i, n in enumerate([6, 3, 11])]
+    firsts = []
+    for graphs in (False, True):
+        mk = MegaQwen3(model, max_seq_len=40, batch_size=3, backend="reference")
+        if graphs:
+            mk.enable_prefill_graphs(max_tokens=16)
+        mk.prefill_slots([2, 0], prompts[:2])             # 9 tokens: the graphs' bucket of 16
+        mk.prefill_slots([1], [prompts[2] * 2])          # 22 tokens: past it, the eager prefill
+        firsts.append((mk.tokens.tolist(), mk.cache.lengths.tolist()))
+    assert firsts[0] == firsts[1] and ran == [2]

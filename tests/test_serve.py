@@ -613,7 +613,8 @@ def test_command_line_server(ckpt, tmp_path):
         return subprocess.run([sys.executable, "-m", "megakernel.serve", *args], env=env, cwd=REPO,
                               capture_output=True, text=True, timeout=120)
     for args, words in [(["--batch-size", "0"], "--batch-size"), (["--model", str(tmp_path / "none"), "--port", "0"],
-                                                                   "no such checkpoint")]:
+                                                                   "no such checkpoint"),
+                        (["--model", str(ckpt.folder), "--port", "0", "--prefill-graphs"], "prefill graphs need")]:
         r = run(*args)
         assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error:") and words in r.stderr, \
             r.stderr

@@ -83,6 +83,8 @@ def _qk_norm_rope_cache_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, q_norm_ptr, k_norm_
     tl.store(q_dst + HALF, o2.to(q_ptr.dtype.element_ty), mask=mask & is_q)
     b = tl.load(seq_ptr + t, mask=row_ok, other=0).to(tl.int64)
     p = tl.load(pos_ptr + t, mask=row_ok, other=0).to(tl.int64)
+    # a token of sequence -1 pads a fixed-size prefill (``prefill_graphs``): it writes no cache
+    mask = mask & (b >= 0)[:, None]
     slot = b * cache_sb + p * cache_sp
     k_dst = k_ptr + (slot + (h - HQ) * cache_sh)[:, None] + e
     tl.store(k_dst, o1.to(k_ptr.dtype.element_ty), mask=mask & is_k)
@@ -90,6 +92,45 @@ def _qk_norm_rope_cache_kernel(qkv_ptr, q_ptr, k_ptr, v_ptr, q_norm_ptr, k_norm_
     v_dst = v_ptr + (slot + (h - HQ - HKV) * cache_sh)[:, None] + e
     tl.store(v_dst, x1.to(v_ptr.dtype.element_ty), mask=mask & is_v)
     tl.store(v_dst + HALF, x2.to(v_ptr.dtype.element_ty), mask=mask & is_v)
+
+
+# (the token count only sizes the grid; positions bound each program's loop)
+@triton.jit
+def _cache_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, seq_ptr, pos_ptr, cache_sb, cache_sh, cache_sp, scale,
+                            HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, G_PAD: tl.constexpr,
+                            D_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Program (t, h): token t's G query heads of kv head h against its sequence's cached keys at
+    # positions 0 .. pos[t] (causal), online softmax in float32. Its own key is in the cache
+    # already: qk_norm_rope_cache writes the chunk's keys before attention runs.
+    G: tl.constexpr = HQ // HKV
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    b = tl.load(seq_ptr + t).to(tl.int64)
+    p = tl.load(pos_ptr + t).to(tl.int64)
+    n_keys = tl.where(b >= 0, p + 1, 0)        # a padding token (sequence -1) attends to nothing
+    g = tl.arange(0, G_PAD)[:, None]
+    d = tl.arange(0, D_PAD)[None, :]
+    qmask = (g < G) & (d < D)
+    q = tl.load(q_ptr + (t * HQ + h * G + g) * D + d, mask=qmask, other=0.0)
+    base = tl.maximum(b, 0) * cache_sb + h * cache_sh
+    n = tl.arange(0, BLOCK_N)[:, None]
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    for start in range(0, n_keys, BLOCK_N):
+        kmask = (start + n < n_keys) & (d < D)
+        k = tl.load(k_ptr + base + (start + n) * cache_sp + d, mask=kmask, other=0.0)
+        v = tl.load(v_ptr + base + (start + n) * cache_sp + d, mask=kmask, other=0.0)
+        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale                      # [G_PAD, BLOCK_N]
+        s = tl.where((start + tl.arange(0, BLOCK_N))[None, :] < n_keys, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        pr = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(pr, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v).to(tl.float32)
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + (t * HQ + h * G + g) * D + d, out.to(out_ptr.dtype.element_ty), mask=qmask)
 
 
 class _Launcher:
@@ -175,6 +216,26 @@ def _silu_mul_kernel(gu_ptr, out_ptr, n, gu_stride, out_stride, I: tl.constexpr,
 # defined, so this, not the variable now, says where the kernels can run.
 _INTERPRETED = isinstance(_silu_mul_kernel, InterpretedFunction)
 _qk_launch, _silu_launch = _Launcher(_qk_norm_rope_cache_kernel), _Launcher(_silu_mul_kernel)
+_attn_launch = _Launcher(_cache_attention_kernel)
+
+
+def cache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: torch.Tensor,
+                    pos: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Causal attention of n tokens over the KV cache, each its sequence's keys up to its position:
+    q and out [n, Hq, D] contiguous; k_cache, v_cache [B, Hkv, S, D] (one layer, last dim
+    contiguous); seq, pos [n]: token i is sequence seq[i] (-1: padding, whose output is zero) at
+    position pos[i]. One launch whatever the prompts' lengths, so a fixed-size prefill can be a
+    CUDA graph (``prefill_graphs``); its cost grows with each token's position, so it is meant for
+    short prompts."""
+    n, Hq, D = q.shape
+    Hkv = k_cache.shape[1]
+    assert out.shape == q.shape and q.is_contiguous() and out.is_contiguous()
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
+    g_pad = max(16, triton.next_power_of_2(Hq // Hkv))       # tl.dot's least M
+    _attn_launch((n, Hkv), q, k_cache, v_cache, out, seq, pos, k_cache.stride(0), k_cache.stride(1),
+                 k_cache.stride(2), D ** -0.5, HQ=Hq, HKV=Hkv, D=D, G_PAD=g_pad, D_PAD=triton.next_power_of_2(D),
+                 BLOCK_N=32, num_warps=4)
+    return out
 
 
 def silu_mul(gate_up: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
