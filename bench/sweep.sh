@@ -44,6 +44,9 @@ PARTS=(
   "tp-32b|4|32b at TP 1, 2 and 4, batch 1 and 8, beside cuda-graph at the same TP"
   "tune-0.6b|1|python -m megakernel.tune for 0.6b (batch 1 and 8), then rules against tuned"
   "tune-8b|1|python -m megakernel.tune for 8b (batch 1 and 8), then rules against tuned"
+  "serve-0.6b|1|the server under load (megakernel.loadtest --serve): 0.6b at 1, 8, 32 and 64 clients"
+  "serve-0.6b-graphs|1|the same with --prefill-graphs"
+  "serve-8b|1|the server under load: 8b at 1, 8, 32 and 64 clients"
 )
 
 commands() {    # the commands of part $1, one a line
@@ -72,6 +75,9 @@ commands() {    # the commands of part $1, one a line
     tune-*)        # the bench's max_seq_len is 128 + 128 + 8 = 264: tune that bucket
                    echo "python -m megakernel.tune -m ${1#tune-} --random-weights --batch-size 1,8 --max-seq-len 264 --budget-s 300"
                    echo "$BENCH -m ${1#tune-} --batch-size 1,8 --plan rules,tuned --compare cuda-graph" ;;
+    serve-*)       local m=${1#serve-} extra=""
+                   [ "${m%-graphs}" != "$m" ] && m=${m%-graphs} && extra=" --prefill-graphs"
+                   echo "python -m megakernel.loadtest --serve \"--model $m --random-weights$extra\" --concurrency 1,8,32,64 --duration 20 --max-tokens 128 --record $RECORD" ;;
     *)             return 1 ;;
     esac
 }
@@ -83,8 +89,8 @@ usage() { echo "usage: bash bench/sweep.sh --list | --print PART | PART [PART...
 [ $# -ge 1 ] || usage
 case "$1" in
 --list)
-    printf '%-15s %-5s %s\n' part GPUs "what it runs"
-    for p in "${PARTS[@]}"; do IFS='|' read -r name gpus what <<<"$p"; printf '%-15s %-5s %s\n' "$name" "$gpus" "$what"; done
+    printf '%-18s %-5s %s\n' part GPUs "what it runs"
+    for p in "${PARTS[@]}"; do IFS='|' read -r name gpus what <<<"$p"; printf '%-18s %-5s %s\n' "$name" "$gpus" "$what"; done
     exit 0 ;;
 --print)
     [ $# -eq 2 ] || usage
@@ -102,7 +108,7 @@ failed=0
 for part in "$@"; do
     while IFS= read -r cmd; do
         echo "+ $cmd" >&2
-        $cmd || { echo "FAILED ($?): $cmd" >&2; failed=1; }
+        eval "$cmd" || { echo "FAILED ($?): $cmd" >&2; failed=1; }     # eval: --serve's quoted settings
     done < <(commands "$part")
 done
 exit $failed

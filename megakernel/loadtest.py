@@ -3,6 +3,8 @@ server for a fixed time; reports requests/s, output tokens/s and p50/p99 of time
 and inter-token latency, and whether anything failed or was lost.
 
     python -m megakernel.loadtest --url http://127.0.0.1:8000 --concurrency 32 --duration 60
+    python -m megakernel.loadtest --serve "--model 0.6b --random-weights" --concurrency 1,8,32,64 \
+        --duration 20 --record bench/results.jsonl       # starts, loads and stops its own server
 
 Each client sends streamed completions one after another until the time is up (those under way
 then are finished and counted). Prompts are token ids by default, so that a server of random
@@ -33,7 +35,12 @@ import json
 import multiprocessing
 import os
 import random
+import shlex
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -58,7 +65,9 @@ SERVER_HISTOGRAMS = {"server_ttft_ms_p50": "megakernel_time_to_first_token_secon
 def parse_args(argv=None) -> argparse.Namespace:
     p = cli.Parser(prog="python -m megakernel.loadtest", description=cli.description(__doc__))
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
-    p.add_argument("--concurrency", type=int, default=32, help="clients sending at once")
+    p.add_argument("--concurrency", type=_counts, default=[32],
+                   help="clients sending at once; several separated by commas (1,8,32,64) run one after another, "
+                        "each a report (and a row)")
     p.add_argument("--duration", type=float, default=60.0, help="seconds to keep sending")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens each completion asks for")
     p.add_argument("--prompt-tokens", type=int, default=32, help="length of the random token-id prompts")
@@ -73,7 +82,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="client processes the clients are spread over (default: one per 16 clients, at most half "
                         "the CPUs): one Python process streaming thousands of chunks a second is itself the "
                         "bottleneck, and its own delays would count as the server's latency")
-    p.add_argument("--json", action="store_true", help="print the report as JSON as the last stdout line")
+    p.add_argument("--serve", metavar="ARGS", default=None,
+                   help="start `python -m megakernel.serve ARGS` (on a free local port), wait until it answers, "
+                        "load it, and stop it at the end: one command for a recorded run, the server's settings "
+                        "in the row's command")
+    p.add_argument("--serve-timeout", type=float, default=900.0,
+                   help="seconds --serve's server may take to start (compiling every batch bucket)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON as the last stdout line "
+                   "(a list of them for several --concurrency)")
     p.add_argument("--record", metavar="PATH", default=None,
                    help="append the report as a row to the results table (e.g. bench/results.jsonl), with the "
                         "server's device, backend and batch from its /health")
@@ -84,15 +100,34 @@ def parse_args(argv=None) -> argparse.Namespace:
             check_writable(args.record, "--record")
         except ValueError as e:
             raise UsageError(str(e)) from None
-    if args.processes is None:
-        args.processes = max(1, min(-(-args.concurrency // CLIENTS_PER_PROCESS), (os.cpu_count() or 2) // 2))
-    for name in ("concurrency", "max_tokens", "prompt_tokens", "processes"):
-        if getattr(args, name) < 1:
+    for name in ("max_tokens", "prompt_tokens", "processes"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if not args.duration > 0 or not args.timeout > 0:
-        raise UsageError("--duration and --timeout must be positive")
-    args.processes = min(args.processes, args.concurrency)
+    if not args.duration > 0 or not args.timeout > 0 or not args.serve_timeout > 0:
+        raise UsageError("--duration, --timeout and --serve-timeout must be positive")
+    if args.serve is not None:
+        args.serve = shlex.split(args.serve)
     return args
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected client counts separated by commas, got {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"client counts must be at least 1, got {text!r}")
+    return out
+
+
+def for_concurrency(args, c: int) -> argparse.Namespace:
+    """``args`` for one run of ``c`` clients: its processes, by default one per CLIENTS_PER_PROCESS
+    clients and at most half the CPUs."""
+    one = argparse.Namespace(**vars(args))
+    one.concurrency = c
+    P = args.processes or max(1, min(-(-c // CLIENTS_PER_PROCESS), (os.cpu_count() or 2) // 2))
+    one.processes = min(P, c)
+    return one
 
 
 @dataclass
@@ -322,13 +357,49 @@ def _ms(x) -> str:
     return "n/a" if x is None else f"{x:.1f} ms"
 
 
-def main(argv=None) -> int:
-    try:
-        args = parse_args(argv)
-        report = asyncio.run(run(args))
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def start_server(args) -> tuple[subprocess.Popen, str]:
+    """``python -m megakernel.serve`` with ``args.serve`` on a free local port; returns once it
+    answers /health (a UsageError where it exits first or takes longer than --serve-timeout)."""
+    import httpx
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cmd = [sys.executable, "-m", "megakernel.serve", *args.serve, "--host", "127.0.0.1", "--port", str(port)]
+    log = tempfile.NamedTemporaryFile(prefix="megakernel-serve-", suffix=".log", delete=False)
+    print(f"starting the server: {shlex.join(cmd[1:])} (its log: {log.name})", file=sys.stderr, flush=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url, t0 = f"http://127.0.0.1:{port}", time.monotonic()
+    while True:
+        if proc.poll() is not None:
+            with open(log.name, errors="replace") as f:
+                tail = " / ".join(f.read().strip().splitlines()[-3:])
+            raise UsageError(f"the server exited with status {proc.returncode} before serving: {tail}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() - t0 > args.serve_timeout:
+            stop_server(proc)
+            raise UsageError(f"the server did not answer /health within {args.serve_timeout:.0f} s (its log: "
+                             f"{log.name})")
+        time.sleep(1)
+    print(f"the server answers at {url} after {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    return proc, url
+
+
+def stop_server(proc: subprocess.Popen):
+    """Ctrl-C, as a user stops it; killed where it has not stopped within 30 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def print_report(report: dict):
     print(f"{report['model']} at {report['url']}: {report['concurrency']} clients for {report['duration_s']:.1f} s, "
           f"max_tokens {report['max_tokens']}")
     print(f"requests: {report['requests']} done, {report['failed']} failed, {report['lost']} lost; "
@@ -347,13 +418,33 @@ def main(argv=None) -> int:
               f"{_ms(report['server_step_ms_p50'])}")
     for e in report["errors"]:
         print(f"  {e}")
-    if args.record:
-        from .results import append_rows
-        append_rows(args.record, [record_row(args, argv, report)])
-        print(f"1 row appended to {args.record}")
+
+
+def main(argv=None) -> int:
+    proc = None
+    reports = []
+    try:
+        args = parse_args(argv)
+        if args.serve is not None:
+            proc, args.url = start_server(args)
+        for c in args.concurrency:
+            one = for_concurrency(args, c)
+            report = asyncio.run(run(one))
+            print_report(report)
+            if args.record:
+                from .results import append_rows
+                append_rows(args.record, [record_row(one, argv, report)])
+                print(f"1 row appended to {args.record}")
+            reports.append(report)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if proc is not None:
+            stop_server(proc)
     if args.json:
-        print(json.dumps(report))
-    return 1 if report["failed"] or report["lost"] else 0
+        print(json.dumps(reports[0] if len(reports) == 1 else reports))
+    return 1 if any(r["failed"] or r["lost"] for r in reports) else 0
 
 
 if __name__ == "__main__":

@@ -571,6 +571,31 @@ def test_loadtest_reports_with_nothing_failed(server, capsys, tmp_path):
     assert "error: --record" in capsys.readouterr().err
 
 
+def test_loadtest_starts_loads_and_stops_its_own_server(ckpt, capsys, tmp_path, monkeypatch):
+    """``loadtest --serve ARGS --concurrency 1,2``: one command starts ``megakernel.serve``, waits for
+    it, runs each client count (a report and a row each, the server's settings in the row's
+    command) and stops it; a server that cannot start is one clear error, status 2."""
+    from megakernel import loadtest
+    from megakernel.results import read_rows
+    monkeypatch.setenv("PYTHONPATH", str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("MEGAKERNEL_CACHE", str(tmp_path / "mkcache"))
+    table = tmp_path / "results.jsonl"
+    rc = loadtest.main(["--serve", f"--model {ckpt.folder} --batch-size 2 --max-seq-len 32", "--concurrency", "1,2",
+                        "--duration", "1", "--max-tokens", "3", "--prompt-tokens", "4", "--json", "--record", str(table)])
+    captured = capsys.readouterr()
+    reports = json.loads(captured.out.strip().splitlines()[-1])
+    assert rc == 0, captured
+    assert [r["concurrency"] for r in reports] == [1, 2] and all(r["failed"] == r["lost"] == 0 for r in reports)
+    assert all(r["requests"] >= r["concurrency"] for r in reports)
+    rows = read_rows(table)
+    assert [r["concurrency"] for r in rows] == [1, 2] and all("--serve" in r["command"] for r in rows)
+    assert not _up(reports[0]["url"]), "the server was stopped"
+    rc = loadtest.main(["--serve", f"--model {tmp_path / 'none'}", "--duration", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "error: the server exited with status 2 before serving" in err and "no such checkpoint" in err
+
+
 def test_histogram_p50_is_prometheus_histogram_quantile():
     """The loadtest's server-side p50: of the counts between two scrapes, linear within the bucket
     that holds the middle rank (Prometheus' histogram_quantile), None where nothing was counted."""
