@@ -156,7 +156,8 @@ def test_faster_than_hf_eager(models, seed):
 def test_prefill_graphs_agree_with_the_eager_prefill_and_cut_its_host_time(models, seed):
     """``prefill_graphs`` (a CUDA graph per token bucket) against the eager prefill in bf16: each
     prompt's logits within bf16 rounding of the eager ones (relative error under 1%, the two
-    attentions round differently), the same greedy first tokens, the cache within the same bound;
+    attentions round differently), the same greedy first tokens (but for ties within that
+    difference), the cache within the same bound;
     and a short admission faster by graph than eager (printed: ms each)."""
     import time
 
@@ -173,7 +174,11 @@ def test_prefill_graphs_agree_with_the_eager_prefill_and_cut_its_host_time(model
     graphs = PrefillGraphs(cfg, m16.weights, cache, max_prompts=24, max_tokens=2048)
     graphs.capture_all()
     got = graphs(prompts, slots)
-    assert rel_err(got, want) < 1e-2 and torch.equal(got.argmax(-1), want.argmax(-1))
+    assert rel_err(got, want) < 1e-2
+    # the same first token, unless the eager logits' two candidates are closer than the two runs differ
+    bound = 2 * float((got - want).abs().max())
+    for i, (a, b) in enumerate(zip(got.argmax(-1).tolist(), want.argmax(-1).tolist())):
+        assert a == b or float(want[i, b] - want[i, a]) <= bound, f"prompt {i}: token {a} against {b}"
     assert rel_err(cache.k, eager.k) < 1e-2 and rel_err(cache.v, eager.v) < 1e-2
     assert torch.equal(cache.lengths, eager.lengths)
 
