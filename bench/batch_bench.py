@@ -7,7 +7,8 @@ GPU machine:
                                  [--json out.json]
 
 A backend may carry tile-plan overrides, ``NAME:FIELD=N:...`` (e.g. ``megakernel:R_O=16:R_DOWN=16``),
-so that variants are compared in one run.
+and backend options in lower case (``megakernel:prefetch_tape=0``), so that variants are compared
+in one run.
 
 For each backend and batch B: prefill a random [B, prompt-len] prompt, run 3 warm-up steps, then
 time ``--steps`` steps one by one with CUDA events (median, p10, p90 ms per step; tokens/s), and
@@ -65,7 +66,11 @@ def bench_one(model, spec, B, args, gen):
     row = {"backend": spec, "batch": B}
     t = time.time()
     backend, *fields = spec.split(":")
-    opts = {"plan_overrides": {k: int(v) for k, v in (f.split("=") for f in fields)}} if fields else {}
+    # FIELD=N (upper case) overrides a plan field; name=N a backend option (prefetch_tape=0, spin=...)
+    pairs = [(k, int(v)) for k, v in (f.split("=") for f in fields)]
+    opts = {k: v for k, v in pairs if not k.isupper()}
+    if any(k.isupper() for k, _ in pairs):
+        opts["plan_overrides"] = {k: v for k, v in pairs if k.isupper()}
     mk = MegaQwen3(model, max_seq_len=args.max_seq_len, batch_size=B, backend=backend, **opts)
     prompt = torch.randint(0, model.config.vocab_size, (B, args.prompt_len), generator=gen)
     ms = time_steps(mk, prompt, args.steps)
