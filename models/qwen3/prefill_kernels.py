@@ -10,7 +10,9 @@ the q/k RMSNorm, RoPE and the KV-cache writes were seven torch ops a layer and S
 - ``silu_mul`` reads the gate|up GEMM's output once and writes SiLU(gate) * up.
 
 Both compute in float32 and round once to the model's dtype. Tiles are rows of (token, head) or
-of tokens by a column block (``_tile_rows``).
+of tokens by a column block (``_tile_rows``). A third, ``cache_attention``, is attention for the
+prefill graphs (``prefill_graphs.py``): each token over its sequence's cache up to its position,
+one launch whatever the prompts' lengths.
 """
 
 from __future__ import annotations
