@@ -250,15 +250,13 @@ class PersistentBackend:
         """The persistent kernel's keyword arguments for a launch of ``steps`` steps (``kernel_args``),
         made once per setting: building them (a signature and the plan's fields) cost about 200 us a
         launch, which a one-step launch pays on top of the kernel."""
-        return self._launch_entry(steps)[2]
+        return self._launch_entry(steps).kwargs
 
-    def _launch_entry(self, steps: int) -> list:
-        """[plan, buffers, keyword arguments, compiled kernel or None(, its positional arguments)] of
-        a launch of ``steps`` steps."""
+    def _launch_entry(self, steps: int) -> "_Launch":
         key = (steps, self.spin, self.trace, self.prefetch_tape, self.sm_pairs, self.words.shape[1], self.num_warps)
         entry = self._launch_args.get(key)
-        if entry is None or entry[0] is not self.plan or entry[1] is not self.st:   # a rebuild, another variant
-            entry = self._launch_args[key] = [self.plan, self.st, self._make_launch_args(steps), None]
+        if entry is None or entry.plan is not self.plan or entry.st is not self.st:   # a rebuild, another variant
+            entry = self._launch_args[key] = _Launch(self.plan, self.st, self._make_launch_args(steps))
         return entry
 
     def _make_launch_args(self, steps: int) -> dict:
@@ -281,16 +279,16 @@ class PersistentBackend:
         set_tma_allocator(self.plan, self.st.x.device)
         grid = (self.tape.num_workers,)
         entry = self._launch_entry(steps)
-        if entry[3] is not None:
+        if entry.compiled is not None:
             # the kernel Triton's JIT chose for these very arguments (the same tensors and scalars,
             # so the same specialization), launched without its binder, which binds and keys the
             # kernel's hundred parameters anew each launch
-            entry[3][grid + (1, 1)](*entry[4])
+            entry.compiled[grid + (1, 1)](*entry.args)
             return
-        k = self.kernel[grid](**entry[2])
+        k = self.kernel[grid](**entry.kwargs)
         if self.st.x.device.type == "cuda":
-            entry[3] = k.result() if hasattr(k, "result") else k
-            entry.append(tuple(entry[2][name] for name in self.kernel.arg_names))
+            entry.compiled = k.result() if hasattr(k, "result") else k
+            entry.args = tuple(entry.kwargs[name] for name in self.kernel.arg_names)
 
     def decode(self, steps: int = 1):
         """``steps`` decode steps in one launch (greedy, or sampled on the device with the plan's
@@ -512,6 +510,18 @@ class PerOpBackend:
 
     def synchronize(self):
         pass
+
+
+@dataclasses.dataclass
+class _Launch:
+    """A launch setting of the persistent kernel: the plan and buffers its arguments were made for,
+    its keyword arguments, and (on a GPU, after its first launch) the compiled kernel with its
+    positional arguments."""
+    plan: Plan
+    st: StepBuffers
+    kwargs: dict
+    compiled: object = None
+    args: tuple = ()
 
 
 def make_kernel_backend(name: str, mk, **options):

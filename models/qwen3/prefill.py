@@ -130,12 +130,11 @@ class _Run:
     its sequences' keys and values in the cache up to the run's end, its mask."""
 
     def __init__(self, run, q: torch.Tensor, cache: KVCache, slots: Sequence[int]):
-        self.o, self.n = run[0][2], sum(m for *_, m in run)
-        lens = [m for *_, m in run]
+        o, lens = run[0][2], [m for *_, m in run]
         T, G = max(lens), len(run)
         seq = [slots[b] for b, *_ in run]
         p0 = run[0][1]          # 0 unless a lone continuing piece
-        self.q_src = q[self.o:self.o + self.n]
+        self.q_src = q[o:o + sum(lens)]
         self.pad = None
         if all(m == T for m in lens):
             self.q = self.q_src.view(G, T, *q.shape[1:]).transpose(1, 2)
@@ -162,6 +161,45 @@ class _Run:
             k, v = k.index_select(0, self.idx), v.index_select(0, self.idx)
         out = attend(self.q, k, v, gqa, self.mask).flatten(0, 1)      # [G * T, Hq, D]
         return out if self.pad is None else out[self.pad]
+
+
+def pack(ids: Sequence[torch.Tensor], slots: Sequence[int]) -> torch.Tensor:
+    """Prompts ``ids`` (1-D) packed back to back on the host: LongTensor [3, tokens] of each token's
+    id, position and sequence (its slot of the cache)."""
+    lengths = [p.numel() for p in ids]
+    return torch.stack((torch.cat(ids).long(), torch.cat([torch.arange(n) for n in lengths]),
+                        torch.tensor(slots).repeat_interleave(torch.tensor(lengths))))
+
+
+class Layers:
+    """A layer of the prefill over a chunk, after its attention: per-layer weights as views made
+    once (FP8 ones dequantized at each call), shared by ``prefill`` and the prefill graphs."""
+
+    def __init__(self, w: Qwen3Weights):
+        self.in_norm, self.post_norm = w.input_norm.unbind(0), w.post_norm.unbind(0)
+        self.wqkv, self.wgate_up = _layer_weights(w, "wqkv"), _layer_weights(w, "wgate_up")
+        self.wo_t, self.wdown_t = _layer_weights(w, "wo", True), _layer_weights(w, "wdown", True)
+
+    def run(self, x: torch.Tensor, l: int, rope_attend, act: torch.Tensor, eps: float, fused: bool, reduce=None):
+        """Layer l on the chunk's residual x [n, H], in place: ``rope_attend(qkv, l)`` takes the QKV
+        GEMM's output, writes the cache and returns attention's [n, q_size]; O and the MLP follow
+        with their residual adds (``reduce``: the tensor-parallel sum of their partial sums). ``act``
+        [n, I] holds SiLU(gate) * up (``fused``: by the Triton kernel)."""
+        H, I = x.shape[1], act.shape[1]
+        attn = rope_attend(F.linear(F.rms_norm(x, (H,), self.in_norm[l], eps), self.wqkv(l)), l)
+        if reduce is None:
+            x.addmm_(attn, self.wo_t(l))
+        else:
+            x.add_(reduce(attn @ self.wo_t(l)))
+        gate_up = F.linear(F.rms_norm(x, (H,), self.post_norm[l], eps), self.wgate_up(l))
+        if fused:
+            prefill_kernels.silu_mul(gate_up, act)
+        else:
+            torch.mul(F.silu(gate_up[:, :I]), gate_up[:, I:], out=act)
+        if reduce is None:
+            x.addmm_(act, self.wdown_t(l))
+        else:
+            x.add_(reduce(act @ self.wdown_t(l)))
 
 
 def _layer_weights(w: Qwen3Weights, name: str, transposed: bool = False):
@@ -208,22 +246,18 @@ def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence
 
     dev = w.device
     lengths = [p.numel() for p in ids]
-    # One upload for the whole batch, packed: token ids, positions, and each token's sequence.
-    # (seqs: each token's sequence in the cache, its slot)
-    packed = torch.stack((torch.cat(ids).long(), torch.cat([torch.arange(n) for n in lengths]),
-                          torch.tensor(slots).repeat_interleave(torch.tensor(lengths)))).to(dev)
-    tokens, positions, seqs = packed[0], packed[1], packed[2]
-    H, D, Hq, Hkv = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    # one upload for the whole batch (seqs: each token's sequence in the cache, its slot)
+    tokens, positions, seqs = pack(ids, slots).to(dev)
+    D, Hq, Hkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
     L, I, eps = cfg.num_hidden_layers, cfg.intermediate_size, cfg.rms_norm_eps
     cos, sin = rope_cos_sin(positions, D, cfg.rope_theta, torch.float32)     # [N, D]
     fused = prefill_kernels.supported(dev, w.dtype)
     if not fused:
         qk_rope = _TorchQKRope(cfg, w, cos, sin)
     # Per-layer views made once (each by one op), so that the layer loop issues little but launches.
-    in_norm, post_norm, q_norm, k_norm = (t.unbind(0) for t in (w.input_norm, w.post_norm, w.q_norm, w.k_norm))
+    layers = Layers(w)
+    q_norm, k_norm = w.q_norm.unbind(0), w.k_norm.unbind(0)
     cache_k, cache_v = cache.k.unbind(0), cache.v.unbind(0)
-    wqkv, wgate_up = _layer_weights(w, "wqkv"), _layer_weights(w, "wgate_up")
-    wo_t, wdown_t = _layer_weights(w, "wo", True), _layer_weights(w, "wdown", True)
 
     last: list[torch.Tensor | None] = [None] * len(ids)
     gqa = None       # whether SDPA's flash backend takes grouped k/v: the same for every piece
@@ -240,35 +274,22 @@ def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence
         runs = [_Run(run, q, cache, slots) for run in group_pieces(pieces)]
         if gqa is None:
             gqa = _flash_takes_gqa(runs[0].q[:1], runs[0].k[0][:1], runs[0].v[0][:1])
-        x = w.embed[tokens[span]]                                          # [n, H]
-        for l in range(L):
-            h = F.rms_norm(x, (H,), in_norm[l], eps)
-            qkv = F.linear(h, wqkv(l))                                        # [n, (Hq + 2 Hkv) D]
+        def rope_attend(qkv, l):
             if fused:
                 prefill_kernels.qk_norm_rope_cache(qkv, q_norm[l], k_norm[l], cos_c, sin_c, seq_c, pos_c,
                                                    cache_k[l], cache_v[l], q, eps)
             else:
                 qk_rope(qkv, l, c0, [(slots[b], p0, o, m) for b, p0, o, m in pieces], cache, qk)
             outs = [run(l, gqa) for run in runs]
-            attn = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(n, cfg.q_size)
-            if reduce is None:
-                x.addmm_(attn, wo_t(l))
-            else:
-                x.add_(reduce(attn @ wo_t(l)))
-            h = F.rms_norm(x, (H,), post_norm[l], eps)
-            gate_up = F.linear(h, wgate_up(l))
-            if fused:
-                prefill_kernels.silu_mul(gate_up, act)
-            else:
-                torch.mul(F.silu(gate_up[:, :I]), gate_up[:, I:], out=act)
-            if reduce is None:
-                x.addmm_(act, wdown_t(l))
-            else:
-                x.add_(reduce(act @ wdown_t(l)))
+            return (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(n, cfg.q_size)
+
+        x = w.embed[tokens[span]]                                          # [n, H]
+        for l in range(L):
+            layers.run(x, l, rope_attend, act, eps, fused, reduce)
         for b, p0, o, m in pieces:
             if p0 + m == lengths[b]:
                 last[b] = x[o + m - 1:o + m]
-    h = F.rms_norm(torch.cat(last), (H,), w.final_norm, eps)
+    h = F.rms_norm(torch.cat(last), (cfg.hidden_size,), w.final_norm, eps)
     logits = F.linear(h, w.lm_head).float()
     cache.lengths[torch.tensor(slots, device=cache.lengths.device)] = torch.tensor(
         lengths, dtype=cache.lengths.dtype).to(cache.lengths.device)

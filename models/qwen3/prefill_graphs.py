@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from . import prefill_kernels
 from .config import Qwen3Config
+from .prefill import Layers, pack
 from .reference import KVCache, rope_cos_sin
 from .weights import Qwen3Weights
 
@@ -45,6 +46,7 @@ class PrefillGraphs:
         if not prefill_kernels.supported(dev, w.dtype):
             raise ValueError(f"prefill graphs need the prefill's Triton kernels on {dev} in {w.dtype}")
         self.cfg, self.w, self.cache, self.max_prompts = cfg, w, cache, max_prompts
+        self.layers = Layers(w)
         self.capture = dev.type == "cuda" if capture is None else capture
         self.buckets = []
         n = MIN_BUCKET
@@ -92,9 +94,7 @@ class PrefillGraphs:
             self._uploaded.synchronize()
         h.zero_()
         h[2 * N:3 * N] = -1
-        h[:total] = torch.cat(ids)
-        h[N:N + total] = torch.cat([torch.arange(m) for m in lengths])
-        h[2 * N:2 * N + total] = torch.tensor(slots).repeat_interleave(torch.tensor(lengths))
+        h[:3 * N].view(3, N)[:, :total] = pack(ids, slots)
         h[3 * N:3 * N + len(ids)] = torch.tensor(lengths).cumsum(0) - 1
         self.inputs.copy_(h, non_blocking=True)
         if self.inputs.is_cuda:
@@ -129,27 +129,26 @@ class PrefillGraphs:
 
     @torch.no_grad()
     def _body(self, n: int):
-        """The prefill of bucket n over the fixed inputs: ``prefill.prefill``'s layer loop with
+        """The prefill of bucket n over the fixed inputs: ``prefill.prefill``'s layers with
         ``cache_attention`` for attention."""
         cfg, w, cache = self.cfg, self.w, self.cache
         N, G = self.max_tokens, self.max_prompts
         tokens, pos, seq = self.inputs[:n], self.inputs[N:N + n], self.inputs[2 * N:2 * N + n]
         last = self.inputs[3 * N:3 * N + G]
-        H, D, Hq, eps = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.rms_norm_eps
+        D, Hq, eps = cfg.head_dim, cfg.num_attention_heads, cfg.rms_norm_eps
         cos, sin = rope_cos_sin(pos, D, cfg.rope_theta, torch.float32)
         q = torch.empty(n, Hq, D, dtype=w.dtype, device=w.device)
         attn = torch.empty_like(q)
         act = torch.empty(n, cfg.intermediate_size, dtype=w.dtype, device=w.device)
-        x = w.embed[tokens]
-        for l in range(cfg.num_hidden_layers):
-            h = F.rms_norm(x, (H,), w.input_norm[l], eps)
-            qkv = F.linear(h, w.wqkv[l])
+
+        def rope_attend(qkv, l):
             prefill_kernels.qk_norm_rope_cache(qkv, w.q_norm[l], w.k_norm[l], cos, sin, seq, pos, cache.k[l],
                                                cache.v[l], q, eps)
             prefill_kernels.cache_attention(q, cache.k[l], cache.v[l], seq, pos, attn)
-            x.addmm_(attn.view(n, cfg.q_size), w.wo[l].mT)
-            h = F.rms_norm(x, (H,), w.post_norm[l], eps)
-            prefill_kernels.silu_mul(F.linear(h, w.wgate_up[l]), act)
-            x.addmm_(act, w.wdown[l].mT)
-        h = F.rms_norm(x[last.clamp(max=n - 1)], (H,), w.final_norm, eps)
+            return attn.view(n, cfg.q_size)
+
+        x = w.embed[tokens]
+        for l in range(cfg.num_hidden_layers):
+            self.layers.run(x, l, rope_attend, act, eps, fused=True)
+        h = F.rms_norm(x[last.clamp(max=n - 1)], (cfg.hidden_size,), w.final_norm, eps)
         self.logits.copy_(F.linear(h, w.lm_head).float())
