@@ -64,7 +64,8 @@ SERVER_HISTOGRAMS = {"server_ttft_ms_p50": "megakernel_time_to_first_token_secon
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = cli.Parser(prog="python -m megakernel.loadtest", description=cli.description(__doc__))
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
+    p.add_argument("--url", default=None, help="the server's base URL (default: http://127.0.0.1:8000, or the "
+                   "server --serve starts)")
     p.add_argument("--concurrency", type=_counts, default=[32],
                    help="clients sending at once; several separated by commas (1,8,32,64) run one after another, "
                         "each a report (and a row)")
@@ -106,7 +107,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not args.duration > 0 or not args.timeout > 0 or not args.serve_timeout > 0:
         raise UsageError("--duration, --timeout and --serve-timeout must be positive")
     if args.serve is not None:
+        if args.url is not None:
+            raise UsageError("--url and --serve both name the server: give one")
         args.serve = shlex.split(args.serve)
+    elif args.url is None:
+        args.url = "http://127.0.0.1:8000"
     return args
 
 

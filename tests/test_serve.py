@@ -591,6 +591,8 @@ def test_loadtest_starts_loads_and_stops_its_own_server(ckpt, capsys, tmp_path, 
     rows = read_rows(table)
     assert [r["concurrency"] for r in rows] == [1, 2] and all("--serve" in r["command"] for r in rows)
     assert not _up(reports[0]["url"]), "the server was stopped"
+    assert loadtest.main(["--serve", "--model x", "--url", "http://127.0.0.1:9"]) == 2
+    assert "--url and --serve both name the server" in capsys.readouterr().err
     rc = loadtest.main(["--serve", f"--model {tmp_path / 'none'}", "--duration", "1"])
     err = capsys.readouterr().err
     assert rc == 2 and "error: the server exited with status 2 before serving" in err and "no such checkpoint" in err
