@@ -154,15 +154,16 @@ def test_faster_than_hf_eager(models, seed):
 
 @torch.no_grad()
 def test_prefill_graphs_agree_with_the_eager_prefill_and_cut_its_host_time(models, seed):
-    """``prefill_graphs`` (a CUDA graph per token bucket) against the eager prefill in bf16: each
-    prompt's logits within bf16 rounding of the eager ones (relative error under 1%, the two
-    attentions round differently), the same greedy first tokens (but for ties within that
-    difference), the cache within the same bound;
+    """``prefill_graphs`` (a CUDA graph per token bucket) against the eager prefill in bf16, both
+    measured from the float32 eager prefill of the same weights (the truth): the graphs' logits and
+    cache no further from it than 1.5x the eager bf16 ones are (the two attentions round
+    differently: on an H200 the two bf16 runs differed by 1.6% relative, each from the other), the
+    same greedy first tokens (but for ties within that difference);
     and a short admission faster by graph than eager (printed: ms each)."""
     import time
 
     from models.qwen3.prefill_graphs import PrefillGraphs
-    m16, _ = models
+    m16, m32 = models
     cfg = m16.config
     g = torch.Generator().manual_seed(seed)
     lengths = [int(x) for x in torch.randint(8, 65, (24,), generator=g)]
@@ -174,12 +175,18 @@ def test_prefill_graphs_agree_with_the_eager_prefill_and_cut_its_host_time(model
     graphs = PrefillGraphs(cfg, m16.weights, cache, max_prompts=24, max_tokens=2048)
     graphs.capture_all()
     got = graphs(prompts, slots)
-    assert rel_err(got, want) < 1e-2
+    truth_cache = KVCache.allocate(cfg, 24, 128, torch.float32, "cuda")
+    truth = prefill(cfg, m32.weights, truth_cache, prompts, slots=slots)
+    e_graph, e_eager = rel_err(got, truth), rel_err(want, truth)
+    print(f"logits from float32: graphs {e_graph:.4f}, eager bf16 {e_eager:.4f}; from each other {rel_err(got, want):.4f}")
+    assert e_graph <= 1.5 * e_eager
     # the same first token, unless the eager logits' two candidates are closer than the two runs differ
     bound = 2 * float((got - want).abs().max())
     for i, (a, b) in enumerate(zip(got.argmax(-1).tolist(), want.argmax(-1).tolist())):
         assert a == b or float(want[i, b] - want[i, a]) <= bound, f"prompt {i}: token {a} against {b}"
-    assert rel_err(cache.k, eager.k) < 1e-2 and rel_err(cache.v, eager.v) < 1e-2
+    for name in ("k", "v"):
+        t = getattr(truth_cache, name)
+        assert rel_err(getattr(cache, name), t) <= 1.5 * rel_err(getattr(eager, name), t), name
     assert torch.equal(cache.lengths, eager.lengths)
 
     def ms(fn, reps=10):
