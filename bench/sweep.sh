@@ -45,7 +45,7 @@ PARTS=(
   "tune-0.6b|1|python -m megakernel.tune for 0.6b (batch 1 and 8), then rules against tuned"
   "tune-8b|1|python -m megakernel.tune for 8b (batch 1 and 8), then rules against tuned"
   "serve-0.6b|1|the server under load (megakernel.loadtest --serve): 0.6b at 1, 8, 32 and 64 clients"
-  "serve-0.6b-graphs|1|the same with --prefill-graphs"
+  "serve-0.6b-eager|1|the same with --prefill-graphs off (the eager prefill)"
   "serve-8b|1|the server under load: 8b at 1, 8, 32 and 64 clients"
 )
 
@@ -76,7 +76,7 @@ commands() {    # the commands of part $1, one a line
                    echo "python -m megakernel.tune -m ${1#tune-} --random-weights --batch-size 1,8 --max-seq-len 264 --budget-s 300"
                    echo "$BENCH -m ${1#tune-} --batch-size 1,8 --plan rules,tuned --compare cuda-graph" ;;
     serve-*)       local m=${1#serve-} extra=""
-                   [ "${m%-graphs}" != "$m" ] && m=${m%-graphs} && extra=" --prefill-graphs"
+                   [ "${m%-eager}" != "$m" ] && m=${m%-eager} && extra=" --prefill-graphs off"
                    echo "python -m megakernel.loadtest --serve \"--model $m --random-weights$extra\" --concurrency 1,8,32,64 --duration 20 --max-tokens 128 --record $RECORD" ;;
     *)             return 1 ;;
     esac

@@ -472,6 +472,23 @@ def test_full_queue_gets_503(ckpt):
         assert metric(s, "megakernel_requests_total", {"outcome": "rejected"}) == 1
 
 
+def test_prefill_graphs_auto_is_eager_where_they_cannot_run(ckpt):
+    """--prefill-graphs auto (the default) captures the graphs only on a CUDA GPU with 16-bit weights
+    and one rank; here (the CPU) the server runs and admits by the eager prefill; a bad value is
+    refused before any work."""
+    from megakernel import load_model
+    from megakernel.serve import build
+    from megakernel.serve.server import _prefill_graphs_fit
+    model = load_model(str(ckpt.folder), device="cpu", progress=False)
+    with pytest.raises(ValueError, match="auto, on or off"):
+        build(model, backend="reference", batch_size=1, max_seq_len=64, prefill_graphs="yes")
+    app, engine, config, codec = build(model, backend="reference", batch_size=1, max_seq_len=64, warmup=False)
+    try:
+        assert not _prefill_graphs_fit(engine.mk) and engine.mk._prefill_graphs is None
+    finally:
+        engine.stop()
+
+
 def test_kernel_error_fails_requests_in_flight_and_the_server_goes_on(ckpt):
     """A decode step that raises MegakernelError (as a timed-out wait in the kernel does): the two
     requests in flight fail with a 500 (the streamed one with an error event) naming it, the

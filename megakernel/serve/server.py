@@ -79,10 +79,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="FP8 checkpoints: how the projections take their inputs: dynamic (w8a8: e4m3 per 128 "
                         "values, quantized at run time, the scheme Qwen's FP8 checkpoints declare; the default) or "
                         "none (weight-only FP8)")
-    p.add_argument("--prefill-graphs", action="store_true",
+    p.add_argument("--prefill-graphs", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
                    help="admit short prompts (up to --max-num-batched-tokens in all, 512 each) by CUDA graphs of "
                         "the prefill, captured at start: one replay instead of about ten launches a layer "
-                        "(16-bit weights, one GPU; logits within rounding of the eager prefill's)")
+                        "(16-bit weights, one GPU; logits within rounding of the eager prefill's). auto (the "
+                        "default): where those hold; on: or fail; off: the eager prefill")
     p.add_argument("--log-prompts", action="store_true", help="log prompt text")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="the server's and uvicorn's logging")
@@ -163,14 +164,25 @@ def default_max_num_seqs(model, max_seq_len: int) -> int:
     return min(DEFAULT_MAX_NUM_SEQS, fits)
 
 
+def _prefill_graphs_fit(mk) -> bool:
+    """Whether the prefill graphs can run here (--prefill-graphs auto): a CUDA GPU, 16-bit weights, one
+    GPU. On an H200 they cut the first token's median 2-2.5x at 1 to 64 clients (docs/performance.md)."""
+    from models.qwen3 import prefill_kernels
+    w = mk.weights
+    return (w.device.type == "cuda" and w.quantization is None and mk.tp == 1
+            and prefill_kernels.supported(w.device, w.dtype))
+
+
 def build(model, *, batch_size: int | None = None, max_seq_len: int = 4096, max_queue: int = 256,
           backend: str | None = None, name: str | None = None, log_prompts: bool = False, warmup: bool = True,
           plan: str = "auto", max_launch_ms: float = 20.0, max_batched_tokens: int = 2048, buckets: bool = True,
-          backend_options: dict | None = None, fp8_activations: str | None = None, prefill_graphs: bool = False):
+          backend_options: dict | None = None, fp8_activations: str | None = None, prefill_graphs: str = "auto"):
     """The FastAPI app and its running engine for a loaded ``Qwen3Model`` (megakernel.load_model).
     ``batch_size``: --max-num-seqs (default ``default_max_num_seqs``); ``buckets``: compile the
     smaller batches too (``runtime.bucket_sizes``; tensor parallelism runs the whole batch);
-    ``backend_options``: the runtime's backend's (tests)."""
+    ``backend_options``: the runtime's backend's (tests); ``prefill_graphs``: as --prefill-graphs."""
+    if prefill_graphs not in ("auto", "on", "off"):
+        raise ValueError(f"prefill_graphs must be auto, on or off, got {prefill_graphs!r}")
     from models.qwen3.tokenizer import stop_token_ids
 
     from megakernel.generate import default_backend
@@ -190,10 +202,12 @@ def build(model, *, batch_size: int | None = None, max_seq_len: int = 4096, max_
     sizes = bucket_sizes(batch_size) if buckets and model.tp == 1 else None
     mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=batch_size, backend=backend, plan=plan, buckets=sizes,
                    fp8_activations=fp8_activations, **(backend_options or {}))
-    if prefill_graphs:
+    if prefill_graphs == "on" or (prefill_graphs == "auto" and _prefill_graphs_fit(mk)):
         t = time.perf_counter()
         mk.enable_prefill_graphs(max_batched_tokens)
         log.info("prefill graphs of up to %d tokens captured in %.1f s", max_batched_tokens, time.perf_counter() - t)
+    else:
+        log.info("prefill: eager (--prefill-graphs %s)", prefill_graphs)
     if mk.tp > 1:       # rank 0 of a tensor-parallel run: the other ranks repeat its calls (tp.follow)
         from megakernel import tp as tp_mod
         mk = tp_mod.Leader(mk, mk.tp_group)
