@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from instructions.common import KEY_EMPTY, TRACE_SLOTS
-from instructions.sample import CAP as _CAP
+from instructions.sample import CAP as _CAP, NS as _NS
 from instructions.tiles import TICK_STRIDE
 from instructions.wgmma import SS_ROWS, kpart_elems
 from scheduler.ops import WORDS, Plan
@@ -35,6 +35,7 @@ from scheduler.ops import WORDS, Plan
 # greedy decoding computes and drops at most this many steps past a stop token.
 MAX_STEPS_PER_LAUNCH = 64
 SAMPLE_CAP = _CAP.value      # candidates a sampled sequence keeps (instructions.sample)
+SAMPLE_NS = _NS.value        # words of a chunk's statistics (instructions.sample)
 # SM ids the persistent kernel can pair programs on (``kernel._paired_row``; its MAX_SMS)
 MAX_SMS = 1024
 
@@ -127,6 +128,8 @@ SPEC: tuple[Buffer, ...] = (
     Buffer("kticks", lambda d: (4 * TICK_STRIDE.value,), _i32, "scratch",
            doc="the K-split stages' tickets, a word a row block (instructions.tiles; only grow)"),
     Buffer("inv_freq", lambda d: (d.D // 2,), _f32, "scratch", doc="RoPE frequencies, as transformers computes"),
+    Buffer("sstats", lambda d: (d.B, (-(-d.V // d.SAMPLE_CHUNK) + 1) * SAMPLE_NS if d.SAMPLE else 1), _f32,
+           "scratch", doc="a sampled sequence's chunk statistics, then its level and count (instructions.sample)"),
     Buffer("cand", lambda d: (d.B, SAMPLE_CAP if d.SAMPLE else 1), _f32, "scratch",
            doc="a sampled sequence's candidate logits (instructions.sample)"),
     Buffer("cand_idx", lambda d: (d.B, SAMPLE_CAP if d.SAMPLE else 1), _i32, "scratch", doc="... and their indices"),

@@ -64,12 +64,19 @@ def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int,
     mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=batch, backend="reference", fp8_activations=scheme)
     mk.tp = tp      # the backends plan a rank's tape from it; the REDUCE buffers stay meta tensors
     calls = []
+    # SAMPLE is the backends' to set (the sampling plan runs while any sequence samples): --set
+    # SAMPLE=1 compiles that plan
+    overrides = dict(options.pop("plan_overrides", None) or {})
+    sampling = bool(overrides.pop("SAMPLE", 0))
+    options = {**options, "plan_overrides": overrides}
     for mode in ("megakernel", "superkernel"):
         be = backends.PersistentBackend(mk, mode=mode, num_workers=workers, **options)
+        be.set_sampling(sampling)
         if be.tape.sm_mates and workers % 2 == 0:
             be.sm_pairs = workers // 2      # as a GPU of workers / 2 SMs runs it (kernel._paired_row)
         calls.append((be.kernel, be.launch_args()))
     per_op = backends.PerOpBackend(mk, num_workers=workers, **options)
+    per_op.set_sampling(sampling)
     calls += [(fn, kwargs) for fn, grid, kwargs in per_op.seq
               if grid is not None]      # (not the host steps: the REDUCE's all-reduce)
     if per_op.plan.TP > 1 and per_op.plan.BATCHED == 2:

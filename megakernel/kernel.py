@@ -20,8 +20,9 @@ a kernel launch gives one step per launch: every read and write of a step then f
 of the step before. ``lengths`` stay those of the launch's first step until the last step's ARGMAX
 adds ``steps``; attention takes step s's position as ``lengths[b] + s``; ARGMAX writes step s's
 token to ``hist[s * B + b]`` as well as ``tokens[b]``. A plan with SAMPLE (sampling on the device)
-has a SAMPLE stage before ARGMAX, which replaces a sampled sequence's argmax by its drawn token
-(``instructions/sample.py``); the SAMPLE branch is compiled only into such plans' binaries.
+has three sampling stages before ARGMAX, the last of which replaces a sampled sequence's argmax by
+its drawn token (``instructions/sample.py``); their branches are compiled only into such plans'
+binaries.
 
 With SM_PAIRS (the tape's ``sm_mates``: it assumes tape rows w and w + workers / 2 share an SM),
 each program first takes the tape row that makes that true whatever the driver's placement
@@ -55,6 +56,8 @@ down_tile = DEVICE_KINDS[Op.DOWN].tile
 lmhead_tile = DEVICE_KINDS[Op.LMHEAD].tile
 argmax_tile = DEVICE_KINDS[Op.ARGMAX].tile
 sample_tile = DEVICE_KINDS[Op.SAMPLE].tile
+sstats_tile = DEVICE_KINDS[Op.SSTATS].tile
+spick_tile = DEVICE_KINDS[Op.SPICK].tile
 opart_tile = DEVICE_KINDS[Op.OPART].tile
 dpart_tile = DEVICE_KINDS[Op.DPART].tile
 reduce_tile = DEVICE_KINDS[Op.REDUCE].tile
@@ -67,6 +70,8 @@ OP_DOWN: tl.constexpr = tl.constexpr(int(Op.DOWN))
 OP_LMHEAD: tl.constexpr = tl.constexpr(int(Op.LMHEAD))
 OP_ARGMAX: tl.constexpr = tl.constexpr(int(Op.ARGMAX))
 OP_SAMPLE: tl.constexpr = tl.constexpr(int(Op.SAMPLE))
+OP_SSTATS: tl.constexpr = tl.constexpr(int(Op.SSTATS))
+OP_SPICK: tl.constexpr = tl.constexpr(int(Op.SPICK))
 OP_OPART: tl.constexpr = tl.constexpr(int(Op.OPART))
 OP_DPART: tl.constexpr = tl.constexpr(int(Op.DPART))
 OP_REDUCE: tl.constexpr = tl.constexpr(int(Op.REDUCE))
@@ -127,7 +132,7 @@ def _paired_row(pid, pairs_ptr, err_ptr, NSM: tl.constexpr, SPIN: tl.constexpr):
 @triton.jit(do_not_specialize=["steps"])     # one binary for any number of steps per launch
 def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_ptr,
                tokens_ptr, lengths_ptr, x_ptr, qkv_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, act_ptr, logits_ptr,
-               amax_ptr, inv_temp_ptr, top_k_ptr, top_p_ptr, seed_ptr, cand_ptr, cand_idx_ptr, inv_freq_ptr, pairs_ptr, part_ptr, peers_ptr, flags_ptr, kpart_ptr, kticks_ptr, xs_ptr, xss_ptr,
+               amax_ptr, inv_temp_ptr, top_k_ptr, top_p_ptr, seed_ptr, sstats_ptr, cand_ptr, cand_idx_ptr, inv_freq_ptr, pairs_ptr, part_ptr, peers_ptr, flags_ptr, kpart_ptr, kticks_ptr, xs_ptr, xss_ptr,
                embed_ptr, lm_head_ptr, final_norm_ptr, input_norm_ptr, post_norm_ptr, q_norm_ptr, k_norm_ptr,
                wqkv_ptr, wo_ptr, wgate_up_ptr, wdown_ptr, wqkv_scale_ptr, wo_scale_ptr, wgate_up_scale_ptr,
                wdown_scale_ptr, k_cache_ptr, v_cache_ptr, eps, max_len, hist_ptr, steps,
@@ -141,6 +146,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                POOL_O: tl.constexpr, POOL_GU: tl.constexpr, POOL_DOWN: tl.constexpr, POOL_LM: tl.constexpr,
                TP: tl.constexpr, R_AR: tl.constexpr, FP8: tl.constexpr, BATCH_INPUT: tl.constexpr, BT: tl.constexpr, SK_QKV: tl.constexpr,
                SK_O: tl.constexpr, SK_GU: tl.constexpr, SK_DOWN: tl.constexpr, SAMPLE: tl.constexpr,
+               SAMPLE_CHUNK: tl.constexpr,
                KV_B: tl.constexpr, SWAP_TMA: tl.constexpr, SWAP_MIN_N: tl.constexpr, SPIN: tl.constexpr,
                TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr, SM_PAIRS: tl.constexpr):
     pid = tl.program_id(0)
@@ -227,10 +233,19 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
             elif op == OP_ARGMAX:
                 seen = argmax_tile(t0, t1, amax_ptr, tokens_ptr, lengths_ptr, hist_ptr, s, steps, cnt, target, B,
                                    True, SPIN)
+            elif op == OP_SSTATS:
+                if SAMPLE:    # only plans that sample compile the tiles: greedy binaries stay as they were
+                    seen = sstats_tile(t0, t1, logits_ptr, amax_ptr, lengths_ptr, inv_temp_ptr, top_k_ptr, top_p_ptr,
+                                       seed_ptr, sstats_ptr, s, cnt, target, V, SAMPLE_CHUNK, True, SPIN)
+            elif op == OP_SPICK:
+                if SAMPLE:
+                    seen = spick_tile(t0, t1, logits_ptr, amax_ptr, inv_temp_ptr, top_k_ptr, top_p_ptr, sstats_ptr,
+                                      cand_ptr, cand_idx_ptr, cnt, target, V, SAMPLE_CHUNK, True, SPIN)
             elif op == OP_SAMPLE:
-                if SAMPLE:    # only plans that sample compile the tile: greedy binaries stay as they were
+                if SAMPLE:
                     seen = sample_tile(t0, t1, logits_ptr, amax_ptr, lengths_ptr, inv_temp_ptr, top_k_ptr, top_p_ptr,
-                                       seed_ptr, cand_ptr, cand_idx_ptr, s, cnt, target, V, True, SPIN)
+                                       seed_ptr, sstats_ptr, cand_ptr, cand_idx_ptr, s, cnt, target, V, SAMPLE_CHUNK,
+                                       True, SPIN)
             elif op == OP_OPART:
                 seen = opart_tile(t0, t1, layer, 2 * layer, attn_ptr, wo_ptr, wo_scale_ptr, part_ptr, cnt, target, B, H,
                                   HQ * D, R_O, BK_Q, SCALE_ROWS, True, SPIN, BT, tr, TRACE, POOL_O, claims,

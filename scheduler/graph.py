@@ -95,8 +95,9 @@ def build_stages(plan: Plan) -> list[Stage]:
     last = (Op.LMHEAD, 0, 0)
     if p.SAMPLE:
         # sampling on the device: each sampled sequence's token replaces the LM head's argmax
-        stages.append(Stage(Op.SAMPLE, 0, [Segment(0, p.B, (Op.SAMPLE, 0, 0))], [last]))
-        last = (Op.SAMPLE, 0, 0)
+        for op in (Op.SSTATS, Op.SPICK, Op.SAMPLE):
+            stages.append(Stage(op, 0, [Segment(0, p.tiles(op), (op, 0, 0))], [last]))
+            last = (op, 0, 0)
     stages.append(Stage(Op.ARGMAX, 0, [Segment(0, p.B, (Op.ARGMAX, 0, 0))], [last]))
     return stages
 

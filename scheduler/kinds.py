@@ -62,8 +62,11 @@ KINDS: tuple[Kind, ...] = (
     Kind("LMHEAD", 7, "matvec", lambda p: cdiv(p.V, p.R_LM), lambda p, it: p.R_LM * p.H * it, "POOL_LM"),
     Kind("ARGMAX", 8, "argmax", lambda p: p.B, lambda p, it: 8 * cdiv(p.V, p.R_LM)),
     # Sampling on the device (plans with SAMPLE=1, ``instructions/sample.py``): between the LM head
-    # and ARGMAX, a tile per sequence; reads its logits row twice
-    Kind("SAMPLE", 13, "sample", lambda p: p.B, lambda p, it: 8 * p.V),
+    # and ARGMAX, two stages of a tile per (sequence, chunk of SAMPLE_CHUNK logits), each reading
+    # its chunk once, then a tile per sequence that draws over the candidates
+    Kind("SSTATS", 14, "sample", lambda p: p.B * cdiv(p.V, p.SAMPLE_CHUNK), lambda p, it: 4 * p.SAMPLE_CHUNK),
+    Kind("SPICK", 15, "sample", lambda p: p.B * cdiv(p.V, p.SAMPLE_CHUNK), lambda p, it: 4 * p.SAMPLE_CHUNK),
+    Kind("SAMPLE", 13, "sample", lambda p: p.B, lambda p, it: 8 * 1024),
     # Tensor parallelism (plans with TP > 1, ``instructions/allreduce.py``): O and down write this
     # rank's partial sums instead of adding into x, and REDUCE adds every rank's into x. A REDUCE
     # stage follows each of them; its instructions' layer word is the partial's slot, 2 l (after O)

@@ -143,7 +143,8 @@ class Plan:
     # the weights-on-M tile's batch (the dot's N) padded to at least this, 8 or 16: Triton 3.6 (the
     # GPU machines') lowers a dot of N = 8 to mma.sync and emits wgmma from N = 16 (3.9 from 8)
     SWAP_MIN_N: int = 8
-    SAMPLE: int = 0     # 1: a SAMPLE stage between the LM head and ARGMAX (sampling on the device)
+    SAMPLE: int = 0     # 1: the sampling stages between the LM head and ARGMAX (sampling on the device)
+    SAMPLE_CHUNK: int = 4096    # logits a sampling tile reads (instructions/sample.py), at most 64 a row
     # The KV cache's allocated batch, the layer stride of k_cache/v_cache in sequences: a step of
     # the first B slots of a larger cache (megakernel.serve's batch buckets) reads it in place.
     # 0: B, a cache of this batch alone. Only attention's addressing depends on it.
@@ -161,6 +162,9 @@ class Plan:
             raise ValueError(f"SWAP_TMA={self.SWAP_TMA}: 0, or 1 on the weights-on-M tile (BATCHED=2)")
         if self.SWAP_MIN_N not in (8, 16):
             raise ValueError(f"SWAP_MIN_N={self.SWAP_MIN_N}: the weights-on-M tile pads the batch to 8 or 16")
+        if self.SAMPLE and not (self.SAMPLE_CHUNK >= 1 and -(-self.V // self.SAMPLE_CHUNK) <= 64):
+            raise ValueError(f"SAMPLE_CHUNK={self.SAMPLE_CHUNK}: the sampling stages cut a row of {self.V} logits "
+                             f"into at most 64 chunks")
         for name in ("SK_QKV", "SK_O", "SK_GU", "SK_DOWN"):
             if getattr(self, name) != 1 and self.BATCHED != 2:
                 raise ValueError(f"{name}={getattr(self, name)}: K-splits are the weights-on-M tile's (BATCHED=2)")

@@ -33,16 +33,22 @@ def noise(out_ptr, bits_ptr, seed, pos, N: tl.constexpr):
     tl.store(bits_ptr + i, r.to(tl.int64))
 
 
-def _kernel_sample(logits, inv, topk, topp, seed, pos):
-    """Run the per-op SAMPLE kernel on ``logits`` with an amax word from their argmax; the chosen tokens."""
+def _kernel_sample(logits, inv, topk, topp, seed, pos, chunk=4096):
+    """Run the per-op sampling kernels (SSTATS and SPICK over chunks of ``chunk`` logits, then
+    SAMPLE) on ``logits`` with an amax word from their argmax; the chosen tokens."""
     from instructions.common import argmax_key_ref
-    from instructions.sample import CAP, sample_kernel
+    from instructions.sample import CAP, NS, sample_kernel, spick_kernel, sstats_kernel
     B, V = logits.shape
     best, idx = logits.max(1)
     amax = argmax_key_ref(best, idx)
     lengths = (pos - 1).to(torch.int32)
-    cand, cidx = torch.zeros(B, CAP), torch.zeros(B, CAP, dtype=torch.int32)
-    sample_kernel[(B,)](logits, amax, lengths, inv, topk, topp, seed, cand, cidx, V=V)
+    nch = -(-V // chunk)
+    stats = torch.full((B, (nch + 1) * NS.value), float("nan"), device=logits.device)
+    cand = torch.zeros(B, CAP.value, device=logits.device)
+    cidx = torch.zeros(B, CAP.value, dtype=torch.int32, device=logits.device)
+    sstats_kernel[(B * nch,)](logits, amax, lengths, inv, topk, topp, seed, stats, V=V, SAMPLE_CHUNK=chunk)
+    spick_kernel[(B * nch,)](logits, amax, inv, topk, topp, stats, cand, cidx, V=V, SAMPLE_CHUNK=chunk)
+    sample_kernel[(B,)](logits, amax, lengths, inv, topk, topp, seed, stats, cand, cidx, V=V, SAMPLE_CHUNK=chunk)
     return 4294967295 - (amax & 4294967295)
 
 
@@ -60,17 +66,18 @@ def test_kernel_matches_reference_on_logits(seed):
             SamplingParams(), SamplingParams(1.5, top_p=0.8, seed=seed + 2),
             SamplingParams(0.6, top_k=20, top_p=0.95, seed=seed + 3), SamplingParams(2.0, top_k=1, seed=5),
             SamplingParams(1.0, top_k=1500, top_p=0.99, seed=(1 << 62) + seed),   # > CAP: the whole row
-            SamplingParams(1.0, top_p=0.9, seed=seed + 4)]
+            SamplingParams(1.0, top_p=0.9, seed=seed + 4), SamplingParams(0.5, top_k=5, top_p=0.9, seed=seed + 5)]
     logits = torch.randn(len(rows), V, generator=g) * 4
+    logits[8] *= 100                    # wide: the top-k set lies below the lowest level (the whole row)
     logits[0] *= 10                     # pure temperature, candidates compacted (within 32 of the max)
     logits[7] *= 0.001                  # flat: top-p's level holds the whole row
     logits[3, 17] = logits[3, 18] = logits[3].max() + 1     # a tie at the top
     inv, topk, topp, sd = _settings(rows)
     pos = torch.arange(len(rows)) * 7 + 3
-    for trial in range(2):
+    for trial, chunk in ((0, 4096), (1, 4096), (1, 512), (1, 1000)):     # one chunk; five, the last one short
         want = device_sample_reference(logits, inv, topk, topp, sd, pos + trial)
-        got = _kernel_sample(logits, inv, topk, topp, sd, pos + trial)
-        assert got.tolist() == want.tolist()
+        got = _kernel_sample(logits, inv, topk, topp, sd, pos + trial, chunk)
+        assert got.tolist() == want.tolist(), chunk
         assert want[2] == logits[2].argmax() and want[5] == logits[5].argmax()    # greedy, top-k 1
 
 
