@@ -47,7 +47,8 @@ MEASURE_FIELDS = ("backend", "implementation", "ms_per_step", "ms_per_step_p10",
                   "plan_fields", "error")
 # rows of ``python -m megakernel.loadtest --record`` (backend "serve"): the server under load
 SERVE_FIELDS = ("concurrency", "duration_s", "requests", "failed", "lost", "requests_per_s",
-                "output_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "serve_backend",
+                "output_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "ttft_ms_p99_later", "itl_ms_p50", "itl_ms_p99",
+                "serve_backend",
                 "server_ttft_ms_p50", "server_queue_ms_p50", "server_prefill_ms_p50", "server_step_ms_p50",
                 "client_processes", "client_cpu")
 ROW_FIELDS = RUN_FIELDS + CONFIG_FIELDS + MEASURE_FIELDS

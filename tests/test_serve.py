@@ -566,6 +566,9 @@ def test_loadtest_reports_with_nothing_failed(server, capsys, tmp_path):
     assert report["failed"] == 0 and report["lost"] == 0 and report["requests"] >= 6
     assert report["output_tokens"] == 6 * report["requests"]
     assert report["ttft_ms_p50"] > 0 and report["itl_ms_p99"] >= report["itl_ms_p50"] > 0
+    # the p99 without the first wave: a figure once some client sent a second request
+    assert (report["ttft_ms_p99_later"] is not None) == (report["requests"] > 6)
+    assert row["ttft_ms_p99_later"] == report["ttft_ms_p99_later"]
     # the server's own p50s from its /metrics (bucket-interpolated, so not compared with the client's)
     assert 0 < report["server_ttft_ms_p50"] and 0 < report["server_step_ms_p50"]
     assert 0 < report["server_queue_ms_p50"] and 0 < report["server_prefill_ms_p50"]
