@@ -20,7 +20,7 @@ The row is cut into chunks of ``SAMPLE_CHUNK`` logits (a plan field, 4096; ``sst
 row of ``NS`` words a chunk), so that a sequence's two reads of its 152k logits spread over
 many workers instead of one (one program reading the row took about 420 us on an H200):
 - SSTATS, a tile per (sequence, chunk): with top-k or top-p, the chunk's count and probability
-  mass (relative to the max m) at ``NL`` levels ``(m - l) / T <= D_j`` (D = 1/512, ..., 1/2, 1, ..., 64) and
+  mass (relative to the max m) at ``NL`` levels ``(m - l) / T <= D_j`` (D = 2^-9 to 2^6.5, a factor sqrt(2) apart) and
   its part of the normaliser Z; without either, the chunk's best Gumbel score and its index (pure
   temperature needs no threshold, and the best of the chunks' bests is the draw).
 - SPICK, a tile per (sequence, chunk): sums the chunks' counts (in chunk order, so every tile
@@ -42,15 +42,20 @@ from .kind import DeviceKind
 
 BLOCK: tl.constexpr = tl.constexpr(1024)     # logits a pass loads at once
 CAP: tl.constexpr = tl.constexpr(1024)       # candidates a sequence keeps (``cand`` rows)
-# levels D_j = 2^(j - 9), j < NL: 1/512 .. 64 (the fine ones keep a flat top compact: its top-k set
-# lies within a small D, where a coarse level would hold more than CAP tokens)
-NL: tl.constexpr = tl.constexpr(16)
-LEVEL_BLOCK: tl.constexpr = tl.constexpr(512)    # logits SSTATS loads at once ([LEVEL_BLOCK, NL] compares)
-NS: tl.constexpr = tl.constexpr(64)          # sstats words a chunk: NL counts, NL masses, Z, best score, its index
-W_MASS: tl.constexpr = tl.constexpr(16)      # = NL: where a chunk's masses start
-W_Z: tl.constexpr = tl.constexpr(32)
-W_BEST: tl.constexpr = tl.constexpr(33)
-W_BEST_IDX: tl.constexpr = tl.constexpr(34)
+# levels D_j = 2^(LEVEL_LOW + LEVEL_STEP j), j < NL: 2^-9 .. 2^6.5, a factor sqrt(2) apart. The first
+# that holds the top-k set must hold at most CAP tokens: in a replay of the random 0.6b model's
+# sampled rows (800, top-k 20 or 50) 16 levels a factor 2 apart missed that in 0.6% to 11% of rows
+# (the k-th token just past one level, the next holding thousands), these in none; the low ones
+# keep a flat top compact.
+NL: tl.constexpr = tl.constexpr(32)
+LEVEL_LOW: tl.constexpr = tl.constexpr(-9.0)
+LEVEL_STEP: tl.constexpr = tl.constexpr(0.5)
+LEVEL_BLOCK: tl.constexpr = tl.constexpr(256)    # logits SSTATS loads at once ([LEVEL_BLOCK, NL] compares)
+NS: tl.constexpr = tl.constexpr(72)          # sstats words a chunk: NL counts, NL masses, Z, best score, its index
+W_MASS: tl.constexpr = tl.constexpr(32)      # = NL: where a chunk's masses start
+W_Z: tl.constexpr = tl.constexpr(64)
+W_BEST: tl.constexpr = tl.constexpr(65)
+W_BEST_IDX: tl.constexpr = tl.constexpr(66)
 NCH_MAX: tl.constexpr = tl.constexpr(64)     # chunks a row may have (V / SAMPLE_CHUNK; a power of two)
 UNIFORM_SCALE: tl.constexpr = tl.constexpr(4.6566127342e-10)   # Triton's uint_to_uniform_float
 U_MIN: tl.constexpr = tl.constexpr(2.3283064e-10)              # u = 0 is drawn as this (G >= -3.1)
@@ -160,7 +165,7 @@ def _level(stats, kk, k_on, p, NCH: tl.constexpr):
     cnt = tl.sum(cnts, axis=0)
     mass = tl.sum(tl.load(rows + W_MASS, mask=on, other=0.0, cache_modifier=".cg"), axis=0)
     Z = tl.sum(tl.load(stats + ch * NS + W_Z, mask=ch < NCH, other=0.0, cache_modifier=".cg"), axis=0)
-    D = tl.exp2(lv.to(tl.float32) - 9.0)
+    D = tl.exp2(lv.to(tl.float32) * LEVEL_STEP + LEVEL_LOW)
     ok = (cnt >= kk) & (k_on | (mass >= p * Z)) & (cnt <= CAP)
     j = tl.min(tl.where(ok, lv, NL), axis=0)
     Dj = tl.sum(tl.where(lv == j, D, 0.0), axis=0)
@@ -192,7 +197,7 @@ def sstats_tile(t0, t1, logits_ptr, amax_ptr, lengths_ptr, inv_temp_ptr, top_k_p
             c1 = tl.minimum(c0 + SAMPLE_CHUNK, V)
             if k_on | p_on:
                 lv = tl.arange(0, NL)
-                D = tl.exp2(lv.to(tl.float32) - 9.0)
+                D = tl.exp2(lv.to(tl.float32) * LEVEL_STEP + LEVEL_LOW)
                 cnt = tl.zeros([NL], dtype=tl.int32)
                 mass = tl.zeros([NL], dtype=tl.float32)
                 Z = 0.0

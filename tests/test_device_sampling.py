@@ -33,7 +33,7 @@ def noise(out_ptr, bits_ptr, seed, pos, N: tl.constexpr):
     tl.store(bits_ptr + i, r.to(tl.int64))
 
 
-def _kernel_sample(logits, inv, topk, topp, seed, pos, chunk=4096):
+def _kernel_sample(logits, inv, topk, topp, seed, pos, chunk=4096, with_stats=False):
     """Run the per-op sampling kernels (SSTATS and SPICK over chunks of ``chunk`` logits, then
     SAMPLE) on ``logits`` with an amax word from their argmax; the chosen tokens."""
     from instructions.common import argmax_key_ref
@@ -49,7 +49,8 @@ def _kernel_sample(logits, inv, topk, topp, seed, pos, chunk=4096):
     sstats_kernel[(B * nch,)](logits, amax, lengths, inv, topk, topp, seed, stats, V=V, SAMPLE_CHUNK=chunk)
     spick_kernel[(B * nch,)](logits, amax, inv, topk, topp, stats, cand, cidx, V=V, SAMPLE_CHUNK=chunk)
     sample_kernel[(B,)](logits, amax, lengths, inv, topk, topp, seed, stats, cand, cidx, V=V, SAMPLE_CHUNK=chunk)
-    return 4294967295 - (amax & 4294967295)
+    tokens = 4294967295 - (amax & 4294967295)
+    return (tokens, stats.view(B, nch + 1, NS.value)) if with_stats else tokens
 
 
 def _settings(rows):
@@ -79,6 +80,28 @@ def test_kernel_matches_reference_on_logits(seed):
         got = _kernel_sample(logits, inv, topk, topp, sd, pos + trial, chunk)
         assert got.tolist() == want.tolist(), chunk
         assert want[2] == logits[2].argmax() and want[5] == logits[5].argmax()    # greedy, top-k 1
+
+
+def test_a_max_far_above_the_rest_still_compacts(seed):
+    """A row whose max stands far above the rest (as the random 0.6b model's sampled rows do at
+    times), at T = 0.8: 30 tokens 8.3 / T below it, 3000 more 12 / T below. With levels a factor 2
+    apart the first holding 20 tokens (16) held 3031, past CAP, and the whole row was read dozens of
+    times; the level at 2^3.5 holds 31. The draw equals the reference's."""
+    from instructions.sample import CAP, NL
+    g = torch.Generator().manual_seed(seed)
+    V = 20000
+    d = torch.full((2, V), 40.0)
+    d[:, 100:130] = 8.3
+    d[:, 1000:4000] = 12.0
+    d[:, 7] = 0.0
+    logits = -0.8 * d + (torch.rand(2, V, generator=g) - 0.5) * 0.01     # jitter within each group
+    rows = [SamplingParams(0.8, top_k=20, top_p=0.95, seed=seed), SamplingParams(0.8, top_k=30, seed=seed + 1)]
+    inv, topk, topp, sd = _settings(rows)
+    pos = torch.tensor([40, 41])
+    got, stats = _kernel_sample(logits, inv, topk, topp, sd, pos, with_stats=True)
+    assert got.tolist() == device_sample_reference(logits, inv, topk, topp, sd, pos).tolist()
+    level, n = stats[:, -1, 0], stats[:, -1, 1]      # SPICK's choice: the level and its candidates
+    assert (level < NL.value).all() and (n == 31).all(), stats[:, -1, :2]
 
 
 def test_philox_noise_is_tritons():
