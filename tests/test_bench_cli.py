@@ -142,16 +142,14 @@ def test_interrupted_bench_keeps_the_rows_that_finished(tmp_path):
     from megakernel import results
     out_json, table = tmp_path / "b.json", tmp_path / "results.jsonl"
     table.write_text('{"run": "older", "time": "t", "command": "c", "backend": "megakernel"}\n')
-    # twelve settings: Ctrl-C after the first row lands long before the last (with five, a bench on a
-    # busy machine once finished them all before the test had read its first row)
-    args = ["--device", "cpu", "--compare", "per-op", "--batch-size", ",".join(map(str, range(1, 13))),
-            "--prompt-len", "4", "-n", 3,
+    # five settings: Ctrl-C after the first row lands long before the last
+    args = ["--device", "cpu", "--compare", "per-op", "--batch-size", "1,2,3,4,5", "--prompt-len", "4", "-n", 3,
             "--seed", 1, "--output-json", out_json, "--record", table]
     rc, out, err = _bench_until(args, "1      4  megakernel", signal.SIGINT)
     assert rc == 130, err[-3000:]
     assert err.strip().endswith("interrupted")
     doc = json.loads(out_json.read_text())
-    assert doc["partial"] is True and 1 <= len(doc["results"]) < 24
+    assert doc["partial"] is True and 1 <= len(doc["results"]) < 10
     assert (doc["results"][0]["batch_size"], doc["results"][0]["backend"]) == (1, "megakernel")
     assert all(r["partial"] is True and r["error"] is None and r["ms_per_step"] > 0 for r in doc["results"])
     assert json.loads(out.strip().splitlines()[-1]) == doc     # printed as well, the last stdout line
