@@ -17,12 +17,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # batch 1 (the register tiles); the weights-on-M tile padded to 16 (SWAP_MIN_N=16: the rules' 8
-# is mma.sync under Triton 3.6), with its weights by TMA, and at 32; w8a8 at batch 1 (its
+# is mma.sync under Triton 3.6), with its weights by TMA, and at 32 in the plan that samples on the
+# device (its three sampling tiles, called from the persistent kernel); w8a8 at batch 1 (its
 # projections on the weights-on-M tile with e4m3 inputs)
 @pytest.mark.parametrize("batch,fp8,fields", [(1, False, {}), (4, False, {"SWAP_MIN_N": 16}),
-                                              (4, False, {"SWAP_MIN_N": 16, "SWAP_TMA": 1}), (32, False, {}),
+                                              (4, False, {"SWAP_MIN_N": 16, "SWAP_TMA": 1}), (32, False, {"SAMPLE": 1}),
                                               (1, True, {"SWAP_MIN_N": 16})],
-                         ids=["b1", "b4-n16", "b4-n16-tma", "b32", "b1-w8a8-n16"])
+                         ids=["b1", "b4-n16", "b4-n16-tma", "b32-sampling", "b1-w8a8-n16"])
 def test_all_kernels_compile_for_sm90(batch, fp8, fields):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(DEVICE="cuda", PYTHONPATH=str(REPO))
@@ -38,6 +39,8 @@ def test_all_kernels_compile_for_sm90(batch, fp8, fields):
     assert {"megakernel", "qkv_kernel", "attn_kernel", "oproj_kernel", "gateup_kernel", "lmhead_kernel",
             "argmax_kernel", "embed_kernel"} <= names
     assert r.returncode == 0
+    if fields.get("SAMPLE"):
+        assert {"sstats_kernel", "spick_kernel", "sample_kernel"} <= names
     rows = {row["kernel"]: row for row in report}
     gemv = ("qkv_kernel", "oproj_kernel", "gateup_kernel", "down_kernel", "lmhead_kernel")
     if batch > 1 or fp8:
