@@ -116,26 +116,29 @@ def _bisect(src, n, lo, hi, need, m, inv_t, BY_MASS: tl.constexpr):
 
 
 @triton.jit
-def _gumbel_argmax(src, isrc, compact, n, thr, m, inv_t, seed, pos):
-    """The allowed token (key >= thr) of src[:n] with the largest ``G - (m - l) / T`` (the first
-    on ties); indices from isrc where ``compact`` (1), else the positions themselves."""
+def _gumbel_argmax(row, start, end, thr, m, inv_t, seed, pos):
+    """The best score ``G - (m - l) / T`` among the allowed tokens (key >= thr) of row[start:end],
+    and its token (the first on ties)."""
     best = float("-inf")
-    tok = 0
-    for v0 in range(0, n, BLOCK):
+    tok = start
+    for v0 in range(start, end, BLOCK):
         offs = v0 + tl.arange(0, BLOCK)
-        msk = offs < n
-        lg = tl.load(src + offs, mask=msk, other=float("-inf"), cache_modifier=".cg")
-        from_list = (offs * 0 + compact) > 0
-        idx = tl.load(isrc + offs, mask=msk & from_list, other=0, cache_modifier=".cg")
-        idx = tl.where(from_list, idx, offs)
+        msk = offs < end
+        lg = tl.load(row + offs, mask=msk, other=float("-inf"), cache_modifier=".cg")
         ok = msk & (order_key(lg).to(tl.int64) >= thr)
-        sc = tl.where(ok, gumbel(seed, pos, idx) - (m - lg) * inv_t, float("-inf"))
+        sc = tl.where(ok, gumbel(seed, pos, offs) - (m - lg) * inv_t, float("-inf"))
         bb = tl.max(sc, axis=0)
-        bi = tl.min(tl.where(ok & (sc == bb), idx, 2147483647), axis=0)
+        bi = tl.min(tl.where(ok & (sc == bb), offs, 2147483647), axis=0)
         if bb > best:
             best = bb
             tok = bi
-    return tok
+    return best, tok
+
+
+@triton.jit
+def _ladder():
+    """The levels D_j (module doc), [NL]: one expression for SSTATS's counts and SPICK's choice."""
+    return tl.exp2(tl.arange(0, NL).to(tl.float32) * LEVEL_STEP + LEVEL_LOW)
 
 
 @triton.jit
@@ -165,7 +168,7 @@ def _level(stats, kk, k_on, p, NCH: tl.constexpr):
     cnt = tl.sum(cnts, axis=0)
     mass = tl.sum(tl.load(rows + W_MASS, mask=on, other=0.0, cache_modifier=".cg"), axis=0)
     Z = tl.sum(tl.load(stats + ch * NS + W_Z, mask=ch < NCH, other=0.0, cache_modifier=".cg"), axis=0)
-    D = tl.exp2(lv.to(tl.float32) * LEVEL_STEP + LEVEL_LOW)
+    D = _ladder()
     ok = (cnt >= kk) & (k_on | (mass >= p * Z)) & (cnt <= CAP)
     j = tl.min(tl.where(ok, lv, NL), axis=0)
     Dj = tl.sum(tl.where(lv == j, D, 0.0), axis=0)
@@ -197,7 +200,7 @@ def sstats_tile(t0, t1, logits_ptr, amax_ptr, lengths_ptr, inv_temp_ptr, top_k_p
             c1 = tl.minimum(c0 + SAMPLE_CHUNK, V)
             if k_on | p_on:
                 lv = tl.arange(0, NL)
-                D = tl.exp2(lv.to(tl.float32) * LEVEL_STEP + LEVEL_LOW)
+                D = _ladder()
                 cnt = tl.zeros([NL], dtype=tl.int32)
                 mass = tl.zeros([NL], dtype=tl.float32)
                 Z = 0.0
@@ -215,20 +218,9 @@ def sstats_tile(t0, t1, logits_ptr, amax_ptr, lengths_ptr, inv_temp_ptr, top_k_p
                 tl.store(out + W_MASS + lv, mass)
                 tl.store(out + W_Z, Z)
             else:
-                pos = tl.load(lengths_ptr + b) + s + 1
-                seed = tl.load(seed_ptr + b)
-                best = float("-inf")
-                tok = c0
-                for v0 in range(c0, c1, BLOCK):
-                    offs = v0 + tl.arange(0, BLOCK)
-                    msk = offs < c1
-                    lg = tl.load(row + offs, mask=msk, other=float("-inf"), cache_modifier=".cg")
-                    sc = tl.where(msk, gumbel(seed, pos, offs) - (m - lg) * inv_t, float("-inf"))
-                    bb = tl.max(sc, axis=0)
-                    bi = tl.min(tl.where(msk & (sc == bb), offs, 2147483647), axis=0)
-                    if bb > best:
-                        best = bb
-                        tok = bi
+                # pure temperature: every token allowed
+                best, tok = _gumbel_argmax(row, c0, c1, tl.full([], INT32_MIN, tl.int64), m, inv_t,
+                                           tl.load(seed_ptr + b), tl.load(lengths_ptr + b) + s + 1)
                 tl.store(out + W_BEST, best)
                 tl.store(out + W_BEST_IDX, tok.to(tl.float32))     # exact: V < 2^24
     return seen
@@ -350,7 +342,7 @@ def sample_tile(t0, t1, logits_ptr, amax_ptr, lengths_ptr, inv_temp_ptr, top_k_p
                         if k_on:
                             _, Zs = _ge_stats(row, V, thr, m, inv_t)
                         thr = _bisect(row, V, thr, top, p * Zs, m, inv_t, True)
-                    tok = _gumbel_argmax(row, cand_idx_ptr, 0, V, thr, m, inv_t, seed, pos)
+                    _, tok = _gumbel_argmax(row, 0, V, thr, m, inv_t, seed, pos)
             else:
                 best = tl.load(stats + ch * NS + W_BEST, mask=ch < NCH, other=float("-inf"), cache_modifier=".cg")
                 at = tl.load(stats + ch * NS + W_BEST_IDX, mask=ch < NCH, other=0.0, cache_modifier=".cg")
