@@ -167,10 +167,8 @@ def default_max_num_seqs(model, max_seq_len: int) -> int:
 def _prefill_graphs_fit(mk) -> bool:
     """Whether the prefill graphs can run here (--prefill-graphs auto): a CUDA GPU, 16-bit weights, one
     GPU. On an H200 they cut the first token's median 2-2.5x at 1 to 64 clients (docs/performance.md)."""
-    from models.qwen3 import prefill_kernels
-    w = mk.weights
-    return (w.device.type == "cuda" and w.quantization is None and mk.tp == 1
-            and prefill_kernels.supported(w.device, w.dtype))
+    from models.qwen3.prefill_graphs import unsupported
+    return mk.weights.device.type == "cuda" and mk.tp == 1 and unsupported(mk.weights) is None
 
 
 def build(model, *, batch_size: int | None = None, max_seq_len: int = 4096, max_queue: int = 256,

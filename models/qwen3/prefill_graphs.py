@@ -34,17 +34,25 @@ MIN_BUCKET = 16
 MAX_PROMPT_LEN = 512
 
 
+def unsupported(w: Qwen3Weights) -> str | None:
+    """Why the prefill graphs cannot run these weights, or None where they can."""
+    if w.quantization is not None:
+        return "prefill graphs run 16-bit weights only"
+    if not prefill_kernels.supported(w.device, w.dtype):
+        return f"prefill graphs need the prefill's Triton kernels on {w.device} in {w.dtype}"
+    return None
+
+
 class PrefillGraphs:
     """Prefill of up to ``max_prompts`` fresh prompts, ``max_tokens`` tokens in all, into ``cache``:
     ``graphs(prompts, slots)`` as ``prefill(cfg, w, cache, prompts, slots=slots)``."""
 
     def __init__(self, cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, max_prompts: int,
                  max_tokens: int = 2048, capture: bool | None = None):
-        if w.quantization is not None:
-            raise ValueError("prefill graphs run 16-bit weights only")
+        why = unsupported(w)
+        if why:
+            raise ValueError(why)
         dev = w.device
-        if not prefill_kernels.supported(dev, w.dtype):
-            raise ValueError(f"prefill graphs need the prefill's Triton kernels on {dev} in {w.dtype}")
         self.cfg, self.w, self.cache, self.max_prompts = cfg, w, cache, max_prompts
         self.layers = Layers(w)
         self.capture = dev.type == "cuda" if capture is None else capture
