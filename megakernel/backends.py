@@ -9,7 +9,9 @@ All four run the same tile functions (``instructions/``) over the same scratch b
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 
 import torch
 
@@ -92,6 +94,26 @@ def set_tma_allocator(plan: Plan, device: torch.device):
     if plan.SWAP_TMA and device.type == "cuda":
         import triton
         triton.set_allocator(_tma_scratch)
+
+
+@contextlib.contextmanager
+def triton_mma(plan: Plan):
+    """Compile ``plan``'s kernels as its MMA_V3 asks: 0 sets Triton's DISABLE_MMA_V3, which its compiler
+    reads as it lowers the dots (and keys its disk cache by), so every dot is mma.sync. Triton has no
+    per-dot choice; the plan's BT keeps such kernels apart in its in-memory cache. Wraps the calls
+    that may compile."""
+    if plan.MMA_V3:
+        yield
+        return
+    old = os.environ.get("DISABLE_MMA_V3")
+    os.environ["DISABLE_MMA_V3"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["DISABLE_MMA_V3"]
+        else:
+            os.environ["DISABLE_MMA_V3"] = old
 
 
 def with_cache(plan: Plan, mk) -> Plan:
@@ -216,7 +238,8 @@ class PersistentBackend:
         """Programs of the compiled kernel that fit on one SM at once (registers, shared memory,
         threads): the grid must not exceed SMs times this, or workers would wait on programs that
         never start."""
-        k = self.kernel.warmup(grid=(self.tape.num_workers,), **self.launch_args())
+        with triton_mma(self.plan):
+            k = self.kernel.warmup(grid=(self.tape.num_workers,), **self.launch_args())
         k._init_handles()     # loads the binary; n_regs and n_spills are read from it
         props = torch.cuda.get_device_properties(self.mk.weights.device)
         threads = 32 * self.num_warps
@@ -285,7 +308,8 @@ class PersistentBackend:
             # kernel's hundred parameters anew each launch
             entry.compiled[grid + (1, 1)](*entry.args)
             return
-        k = self.kernel[grid](**entry.kwargs)
+        with triton_mma(self.plan):
+            k = self.kernel[grid](**entry.kwargs)
         if self.st.x.device.type == "cuda":
             entry.compiled = k.result() if hasattr(k, "result") else k
             entry.args = tuple(entry.kwargs[name] for name in self.kernel.arg_names)
@@ -480,11 +504,12 @@ class PerOpBackend:
 
     def launch(self):
         set_tma_allocator(self.plan, self.st.x.device)
-        for fn, grid, kwargs in self.seq:
-            if grid is None:
-                fn(**kwargs)
-            else:
-                fn[grid](**kwargs)
+        with triton_mma(self.plan):
+            for fn, grid, kwargs in self.seq:
+                if grid is None:
+                    fn(**kwargs)
+                else:
+                    fn[grid](**kwargs)
 
     def decode(self):
         if not self.use_graph:

@@ -45,7 +45,7 @@ def _aligned(v) -> bool:
 
 def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int, dtype, tp: int = 1, quantize=None,
                     fp8_activations=None, **options):
-    """(kernel, keyword arguments) of one step of every kernel backend, on meta tensors (FP8
+    """(kernel, keyword arguments, plan) of one step of every kernel backend, on meta tensors (FP8
     projections with ``quantize="fp8"``, their inputs as ``runtime.fp8_scheme`` chooses from
     ``fp8_activations``); ``tp`` > 1: of a rank of a tensor-parallel run (its shapes, the partials
     and REDUCE; no group is joined)."""
@@ -74,17 +74,17 @@ def record_launches(model_name: str, workers: int, batch: int, max_seq_len: int,
         be.set_sampling(sampling)
         if be.tape.sm_mates and workers % 2 == 0:
             be.sm_pairs = workers // 2      # as a GPU of workers / 2 SMs runs it (kernel._paired_row)
-        calls.append((be.kernel, be.launch_args()))
+        calls.append((be.kernel, be.launch_args(), be.plan))
     per_op = backends.PerOpBackend(mk, num_workers=workers, **options)
     per_op.set_sampling(sampling)
-    calls += [(fn, kwargs) for fn, grid, kwargs in per_op.seq
+    calls += [(fn, kwargs, per_op.plan) for fn, grid, kwargs in per_op.seq
               if grid is not None]      # (not the host steps: the REDUCE's all-reduce)
     if per_op.plan.TP > 1 and per_op.plan.BATCHED == 2:
         # the kernel the host REDUCE launches after its all-reduce on the weights-on-M tile (xs and xss)
         from instructions.allreduce import xs_kernel
         from megakernel.buffers import kernel_args
         calls.append((xs_kernel, {**kernel_args(xs_kernel, per_op.st, per_op.plan.constexprs(), slot=1),
-                                  "num_warps": 4}))
+                                  "num_warps": 4}, per_op.plan))
     return calls
 
 
@@ -95,11 +95,12 @@ def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from megakernel import backends
     from megakernel.buffers import kernel_params
 
     target = GPUTarget("cuda", arch, 32)
     seen, report = set(), []
-    for fn, kwargs in record_launches(model_name, workers, batch, max_seq_len, getattr(torch, dtype_name), tp,
+    for fn, kwargs, plan in record_launches(model_name, workers, batch, max_seq_len, getattr(torch, dtype_name), tp,
                                       quantize, fp8_activations, **options):
         opts = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
         params = kernel_params(fn)
@@ -116,7 +117,8 @@ def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=
         seen.add(key)
         row = {"kernel": fn.__name__}
         try:
-            k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=target, options=opts)
+            with backends.triton_mma(plan):
+                k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=target, options=opts)
             meta = k.metadata
             regs, stack = _resources(k)
             row.update(ok=True, shared=meta.shared, num_warps=meta.num_warps, n_regs=regs, stack_bytes=stack,

@@ -214,8 +214,9 @@ def moves(base: Plan, cand: Candidate, workers: int, cuda: bool) -> list[Candida
             add(replace(p, KV_STAGES=v))
     if p.NSPLIT >= 2:
         add(replace(p, ATTN_NEW=1 - p.ATTN_NEW))
-    if p.BATCHED == 2:  # the weights-on-M tile's weights by TMA or by pointer loads (untimed against each other)
+    if p.BATCHED == 2:  # the weights-on-M tile's weights by TMA or by pointer loads, its MMA, its padding
         add(replace(p, SWAP_TMA=1 - p.SWAP_TMA))
+        add(replace(p, MMA_V3=1 - p.MMA_V3))
         if p.B <= 8:
             add(replace(p, SWAP_MIN_N=24 - p.SWAP_MIN_N))
     if p.BATCHED and p.BATCH_INPUT != BATCH_INPUTS["fp8"]:

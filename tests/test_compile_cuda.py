@@ -16,14 +16,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-# batch 1 (the register tiles); the weights-on-M tile padded to 16 (SWAP_MIN_N=16: the rules' 8
-# is mma.sync under Triton 3.6), with its weights by TMA, and at 32 in the plan that samples on the
-# device (its three sampling tiles, called from the persistent kernel); w8a8 at batch 1 (its
-# projections on the weights-on-M tile with e4m3 inputs)
-@pytest.mark.parametrize("batch,fp8,fields", [(1, False, {}), (4, False, {"SWAP_MIN_N": 16}),
-                                              (4, False, {"SWAP_MIN_N": 16, "SWAP_TMA": 1}), (32, False, {"SAMPLE": 1}),
-                                              (1, True, {"SWAP_MIN_N": 16})],
-                         ids=["b1", "b4-n16", "b4-n16-tma", "b32-sampling", "b1-w8a8-n16"])
+# batch 1 (the register tiles); the weights-on-M tile padded to 16 on wgmma (SWAP_MIN_N=16, MMA_V3=1:
+# the rules' 8 is mma.sync under Triton 3.6), with its weights by TMA, and at 32 in the plan that
+# samples on the device (its three sampling tiles, called from the persistent kernel); w8a8 at batch 1
+# (its projections on the weights-on-M tile with e4m3 inputs); batch 16 as the rules plan it, every
+# dot on mma.sync (MMA_V3=0: compiled with Triton's DISABLE_MMA_V3)
+WGMMA = {"SWAP_MIN_N": 16, "MMA_V3": 1}
+
+
+@pytest.mark.parametrize("batch,fp8,fields", [(1, False, {}), (4, False, WGMMA), (4, False, {**WGMMA, "SWAP_TMA": 1}),
+                                              (32, False, {"SAMPLE": 1}), (1, True, WGMMA), (16, False, {})],
+                         ids=["b1", "b4-n16", "b4-n16-tma", "b32-sampling", "b1-w8a8-n16", "b16-mma-sync"])
 def test_all_kernels_compile_for_sm90(batch, fp8, fields):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(DEVICE="cuda", PYTHONPATH=str(REPO))
@@ -43,7 +46,12 @@ def test_all_kernels_compile_for_sm90(batch, fp8, fields):
         assert {"sstats_kernel", "spick_kernel", "sample_kernel"} <= names
     rows = {row["kernel"]: row for row in report}
     gemv = ("qkv_kernel", "oproj_kernel", "gateup_kernel", "down_kernel", "lmhead_kernel")
-    if batch > 1 or fp8:
+    if batch == 16:
+        # the rules' batch 16 (``mma-sync-to-16``): no wgmma in any kernel
+        for name in gemv:
+            assert rows[name]["mma_sync"] >= 1 and rows[name]["wgmma"] == 0, rows[name]
+        assert rows["megakernel"]["wgmma"] == 0 and rows["megakernel"]["mma_sync"] > rows["attn_kernel"]["mma_sync"]
+    elif batch > 1 or fp8:
         # the batched projections are on Hopper's wgmma (instructions.wgmma): every weight dot, none left
         # on mma.sync; in the persistent kernel only attention's dots are mma.sync
         for name in gemv:

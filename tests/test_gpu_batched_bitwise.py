@@ -37,7 +37,7 @@ def _one_step(model, backend, prompt, batch_input="split", **overrides):
 
 
 @pytest.mark.parametrize("batch_input", ["split", "bf16"])     # the plan's BATCH_INPUT (scheduler.ops)
-@pytest.mark.parametrize("batch", [17, 32, 64])
+@pytest.mark.parametrize("batch", [13, 17, 32, 64])     # 13: mma.sync (MMA_V3 0), the others wgmma
 def test_per_op_step_equals_megakernel_bitwise(batch, batch_input):
     model = _model("0.6b")
     prompt = _prompt(model.config.vocab_size, (batch, 24))
