@@ -412,8 +412,7 @@ PLAN_RULES: tuple[Rule, ...] = (
     Rule("mma-sync-to-16",
          lambda x, p: p.BATCHED == 2 and x.B <= 16,
          lambda x, p: dict(MMA_V3=0),
-         "batches to 16 on mma.sync: wgmma's N of 16 costs the persistent kernel spills and shared memory "
-         "(0.6b batch 16: 1.340 against 1.219 ms on an H200); from 32 wgmma is faster"),
+         "to batch 16 on mma.sync: wgmma at N 16 costs the persistent kernel spills and shared memory"),
     Rule("pools",
          lambda x, p: x.B == 1 and not p.BATCHED and cost(p, Op.GATEUP, p.tiles(Op.GATEUP)) >= POOL_MIN_BYTES * x.workers,
          _pools,
