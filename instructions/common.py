@@ -147,8 +147,9 @@ def next_tile(t, t1, c, claims_ptr, claims_base, NT: tl.constexpr, POOL: tl.cons
 # its input split or in bf16, and BT_SWAP, BT_SWAP_BF16 or BT_SWAP_FP8 the weights-on-M tile
 # (``instructions.wgmma``; its input contract is BT - BT_SWAP, the plan's BATCH_INPUT), plus BT_TMA
 # where that tile takes its weights by tensor descriptor (the plan's SWAP_TMA), BT_N16 where it
-# pads the batch to 16 (SWAP_MIN_N); 32 marks a kernel compiled with every dot on mma.sync (the
-# plan's MMA_V3 0): no tile reads it, it keeps that compiled code apart from wgmma's in Triton's cache.
+# pads the batch to 16 (SWAP_MIN_N), BT_CALL where it is called rather than inlined (SWAP_CALL); 32
+# marks a kernel compiled with every dot on mma.sync (the plan's MMA_V3 0): no tile reads it, it
+# keeps that compiled code apart from wgmma's in Triton's cache.
 BT_SPLIT: tl.constexpr = tl.constexpr(1)
 BT_BF16: tl.constexpr = tl.constexpr(2)
 BT_SWAP: tl.constexpr = tl.constexpr(3)
@@ -156,6 +157,7 @@ BT_SWAP_BF16: tl.constexpr = tl.constexpr(4)
 BT_SWAP_FP8: tl.constexpr = tl.constexpr(5)
 BT_TMA: tl.constexpr = tl.constexpr(8)
 BT_N16: tl.constexpr = tl.constexpr(16)
+BT_CALL: tl.constexpr = tl.constexpr(64)
 
 
 @triton.jit

@@ -18,12 +18,12 @@ import triton.language as tl
 from scheduler.kinds import Op
 
 from .batch_mma import batch_tiles
-from .common import (ARGMAX, BT_BF16, BT_SWAP, GATEUP, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, claim,
+from .common import (ARGMAX, BT_BF16, BT_CALL, BT_SWAP, GATEUP, RESIDUAL, T_COMPUTED, T_FIRST, T_INPUT, T_WAITED, claim,
                      next_tile, stamp, wait_counter)
 from .gemv import dot_rows2, load_nw, load_s, load_w, load_xn
 from .kind import DeviceKind, split_rows, weight_rows
 from .tiles import TICK_DOWN, TICK_GU, TICK_O, TICK_STRIDE, gemv_tile
-from .wgmma import swap_tiles
+from .wgmma import swap_tiles, swap_tiles_called
 
 
 @triton.jit
@@ -51,9 +51,10 @@ def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, wgus_ptr, postnorm_ptr, act_ptr, 
     if BT >= BT_SWAP:     # (else-chains, not early returns: the code after a return is still compiled)
         g_ptr = wgu_ptr + tl.cast(layer, tl.int64) * (2 * I * H)
         gs_ptr, us_ptr = _gateup_scales(wgus_ptr, layer, H, I, SB)
-        seen = swap_tiles(t0, t1, g_ptr, g_ptr + I * H, gs_ptr, us_ptr, xs_ptr, xss_ptr, eps, act_ptr, act_ptr,
-                          kpart_ptr, kticks_ptr + TICK_GU * TICK_STRIDE, x_ptr, xs_ptr, cnt_ptr, target, B, I, H, R, SK,
-                          SB, True, True, GATEUP, False, WAIT, SPIN, BT - BT_SWAP)
+        seen = (swap_tiles_called if (BT // BT_CALL) % 2 == 1 else swap_tiles)(
+            t0, t1, g_ptr, g_ptr + I * H, gs_ptr, us_ptr, xs_ptr, xss_ptr, eps, act_ptr, act_ptr, kpart_ptr,
+            kticks_ptr + TICK_GU * TICK_STRIDE, x_ptr, xs_ptr, cnt_ptr, target, B, I, H, R, SK, SB, True, True, GATEUP,
+            False, WAIT, SPIN, BT - BT_SWAP)
     elif BT:
         seen = gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, wgus_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                             B, H, I, R, BK, SB, WAIT, SPIN, BT == BT_BF16)

@@ -11,9 +11,9 @@ import triton
 import triton.language as tl
 
 from .batch_mma import gemv_batch
-from .common import BT_BF16, BT_SWAP, RESIDUAL
+from .common import BT_BF16, BT_CALL, BT_SWAP, RESIDUAL
 from .gemv import gemv_rows_tiles
-from .wgmma import swap_tiles
+from .wgmma import swap_tiles, swap_tiles_called
 
 # The ticket words of the K-split stages (``kticks``): a row of TICK_STRIDE words for each of QKV,
 # O (and OPART), gate/up, down (and DPART), one word a row block.
@@ -43,9 +43,9 @@ def gemv_tile(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_
             x_in = xs_ptr
         else:
             x_in = in_ptr
-        seen = swap_tiles(t0, t1, w_ptr, w_ptr, ws_ptr, ws_ptr, x_in, xss_ptr, eps, out_ptr, aux_ptr, kpart_ptr,
-                          tick_ptr, nw2_ptr, xs_ptr, cnt_ptr, target, B, N, K, R, SK, SB, NORM, False, EPI,
-                          EPI == RESIDUAL, WAIT, SPIN, BT - BT_SWAP)
+        seen = (swap_tiles_called if (BT // BT_CALL) % 2 == 1 else swap_tiles)(
+            t0, t1, w_ptr, w_ptr, ws_ptr, ws_ptr, x_in, xss_ptr, eps, out_ptr, aux_ptr, kpart_ptr, tick_ptr, nw2_ptr,
+            xs_ptr, cnt_ptr, target, B, N, K, R, SK, SB, NORM, False, EPI, EPI == RESIDUAL, WAIT, SPIN, BT - BT_SWAP)
     elif BT:
         seen = gemv_batch(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
                           B, N, K, R, BK, SB, NORM, EPI, WAIT, SPIN, BT == BT_BF16)

@@ -333,6 +333,12 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
     return seen
 
 
+# The same tile called as a function (the plan's SWAP_CALL, ``BT_CALL``): the persistent kernel then
+# allocates its registers apart from the other tiles' (compiled for sm_90 under Triton 3.6, 0.6b's
+# megakernel at batch 16 has 14 spill loads and stores instead of 70).
+swap_tiles_called = triton.jit(swap_tiles.fn, noinline=True)
+
+
 @triton.jit
 def write_xs_seq(v, cols, b, blk, nw_ptr, xs_ptr, xss_ptr, B: tl.constexpr, H: tl.constexpr):
     """``write_xs`` for one sequence b: its x values ``v`` [SS_ROWS] at columns ``cols`` (block

@@ -138,10 +138,12 @@ def _mma_kinds(ttgir: str) -> dict:
     """How the kernel's dots lowered, from its TTGIR: ``wgmma`` Hopper's warp-group MMAs
     (``ttng.warp_group_dot``, where the dot's M is a multiple of 64), ``mma_sync`` the dots left on
     the older warp-level MMA (``tt.dot`` on an ``nvidia_mma`` layout); ``tma`` the loads made TMA
-    copies into shared memory (the plan's SWAP_TMA)."""
+    copies into shared memory (the plan's SWAP_TMA); ``calls`` the calls of functions not inlined (the
+    sampling tiles, and the weights-on-M tile with SWAP_CALL)."""
     import re
     return {"wgmma": len(re.findall(r"ttng\.warp_group_dot ", ttgir)), "mma_sync": len(re.findall(r"= tt\.dot ", ttgir)),
-            "tma": len(re.findall(r"ttng\.async_tma_copy_global_to_local ", ttgir))}
+            "tma": len(re.findall(r"ttng\.async_tma_copy_global_to_local ", ttgir)),
+            "calls": len(re.findall(r"tt\.call @", ttgir))}
 
 
 def _resources(k):
@@ -260,7 +262,8 @@ def main(argv=None):
         for r in report:
             if r["ok"]:
                 print(f"{r['kernel']:<16} ok    warps {r['num_warps']}  shared {r['shared']}  regs {r['n_regs']}  "
-                      f"stack {r['stack_bytes']}  dots: wgmma {r['wgmma']}, mma.sync {r['mma_sync']}  tma loads {r['tma']}")
+                      f"stack {r['stack_bytes']}  dots: wgmma {r['wgmma']}, mma.sync {r['mma_sync']}  tma loads {r['tma']}  "
+                      f"calls {r['calls']}")
             else:
                 print(f"{r['kernel']:<16} FAIL  {r['error']}")
                 if args.verbose:

@@ -217,6 +217,7 @@ def moves(base: Plan, cand: Candidate, workers: int, cuda: bool) -> list[Candida
     if p.BATCHED == 2:  # the weights-on-M tile's weights by TMA or by pointer loads, its MMA, its padding
         add(replace(p, SWAP_TMA=1 - p.SWAP_TMA))
         add(replace(p, MMA_V3=1 - p.MMA_V3))
+        add(replace(p, SWAP_CALL=1 - p.SWAP_CALL))
         if p.B <= 8:
             add(replace(p, SWAP_MIN_N=24 - p.SWAP_MIN_N))
     if p.BATCHED and p.BATCH_INPUT != BATCH_INPUTS["fp8"]:

@@ -148,6 +148,9 @@ class Plan:
     # In the persistent kernel the weights-on-M tile's wgmma at a small N costs spills and 20 KB more
     # shared memory than mma.sync for no faster MMA ("The weights-on-M tile" in docs/performance.md)
     MMA_V3: int = 1
+    # 1: the persistent kernel calls the weights-on-M tile as a function instead of inlining it, so
+    # its registers are allocated apart from the other tiles' (as the sampling tiles are)
+    SWAP_CALL: int = 0
     SAMPLE: int = 0     # 1: the sampling stages between the LM head and ARGMAX (sampling on the device)
     SAMPLE_CHUNK: int = 4096    # logits a sampling tile reads (instructions/sample.py), at most 64 a row
     # The KV cache's allocated batch, the layer stride of k_cache/v_cache in sequences: a step of
@@ -166,7 +169,10 @@ class Plan:
         if self.SWAP_TMA not in (0, 1) or (self.SWAP_TMA and self.BATCHED != 2):
             raise ValueError(f"SWAP_TMA={self.SWAP_TMA}: 0, or 1 on the weights-on-M tile (BATCHED=2)")
         if self.MMA_V3 not in (0, 1) or (not self.MMA_V3 and self.BATCHED != 2):
-            raise ValueError(f"MMA_V3={self.MMA_V3}: 1, or 0 (every dot on mma.sync) on the weights-on-M tile (BATCHED=2)")
+            raise ValueError(f"MMA_V3={self.MMA_V3}: 1, or 0 (every dot on mma.sync) on the weights-on-M tile (BATCHED=2; "
+                             f"with BATCHED={self.BATCHED} set MMA_V3=1)")
+        if self.SWAP_CALL not in (0, 1) or (self.SWAP_CALL and self.BATCHED != 2):
+            raise ValueError(f"SWAP_CALL={self.SWAP_CALL}: 0, or 1 on the weights-on-M tile (BATCHED=2)")
         if self.SWAP_MIN_N not in (8, 16):
             raise ValueError(f"SWAP_MIN_N={self.SWAP_MIN_N}: the weights-on-M tile pads the batch to 8 or 16")
         if self.SAMPLE and not (self.SAMPLE_CHUNK >= 1 and -(-self.V // self.SAMPLE_CHUNK) <= 64):
@@ -224,11 +230,12 @@ class Plan:
         """The GEMV tiles' kind as the kernels dispatch on it (``instructions.tiles.gemv_tile``):
         0 the register tiles, 1 + BATCH_INPUT the batch-on-M tile, 3 + BATCH_INPUT the weights-on-M one,
         plus 8 (``instructions.common.BT_TMA``) where that one takes its weights by TMA, 16
-        (``BT_N16``) where it pads the batch to 16 and 32 where its dots are compiled
-        for mma.sync (MMA_V3 0; the tile ignores it: it keys the per-op kernels' compiled code)."""
+        (``BT_N16``) where it pads the batch to 16, 32 where its dots are compiled for mma.sync
+        (MMA_V3 0; the tile ignores it: it keys the per-op kernels' compiled code) and 64
+        (``BT_CALL``) where it is called, not inlined (SWAP_CALL)."""
         if self.BATCHED != 2:
             return 2 * self.BATCHED - 1 + self.BATCH_INPUT if self.BATCHED else 0
-        return 3 + self.BATCH_INPUT + 8 * self.SWAP_TMA + (16 if self.SWAP_MIN_N == 16 else 0) + 32 * (1 - self.MMA_V3)
+        return 3 + self.BATCH_INPUT + 8 * self.SWAP_TMA + (16 if self.SWAP_MIN_N == 16 else 0) + 32 * (1 - self.MMA_V3) + 64 * self.SWAP_CALL
 
     @property
     def kv_batch(self) -> int:
@@ -368,7 +375,7 @@ def _swap_plan(p: Plan, workers: int) -> dict:
 
 def batch_on_m_plan(p: Plan, workers: int) -> Plan:
     """``p`` (batched) on the batch-on-M tile (BATCHED 1): rows about N / workers, no K-splits."""
-    return replace(p, BATCHED=1, MMA_V3=1, R_QKV=batched_qkv_rows(p.QKV_ROWS, p.D, workers), R_O=batched_rows(p.H, workers),
+    return replace(p, BATCHED=1, MMA_V3=1, SWAP_CALL=0, R_QKV=batched_qkv_rows(p.QKV_ROWS, p.D, workers), R_O=batched_rows(p.H, workers),
                    R_GU=batched_rows(p.I, workers), R_DOWN=batched_rows(p.H, workers), R_LM=batched_rows(p.V, workers),
                    SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
 

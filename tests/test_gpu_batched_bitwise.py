@@ -63,17 +63,19 @@ def _parted(one: dict, other: dict) -> list[str]:
     return parted
 
 
+@pytest.mark.parametrize("field", ["SWAP_TMA", "SWAP_CALL"])
 @pytest.mark.parametrize("batch", [8, 32])
-def test_tma_weights_equal_pointer_loads_bitwise(batch):
-    """SWAP_TMA=1 (the weights-on-M tile's weights by TMA) gives the pointer loads' step bit for bit,
-    in the persistent kernel and the per-op kernels: the same weights reach the same wgmma."""
+def test_tile_variants_equal_the_default_bitwise(batch, field):
+    """SWAP_TMA=1 (the weights-on-M tile's weights by TMA) and SWAP_CALL=1 (the tile called, not
+    inlined) give the default's step bit for bit, in the persistent kernel and the per-op kernels:
+    the same weights reach the same MMA, the same code adds them."""
     model = _model("0.6b")
     prompt = _prompt(model.config.vocab_size, (batch, 24))
     for backend in ("megakernel", "per-op"):
-        base, _, plan = _one_step(model, backend, prompt, SWAP_TMA=0)
-        tma, _, tma_plan = _one_step(model, backend, prompt, SWAP_TMA=1)
-        assert tma_plan["SWAP_TMA"] == 1 and plan["BATCHED"] == 2
-        parted = _parted(base, tma)
-        assert not parted, f"{backend}: TMA weights part from pointer loads: " + "; ".join(parted)
+        base, _, plan = _one_step(model, backend, prompt, **{field: 0})
+        other, _, other_plan = _one_step(model, backend, prompt, **{field: 1})
+        assert other_plan[field] == 1 and plan["BATCHED"] == 2
+        parted = _parted(base, other)
+        assert not parted, f"{backend}: {field}=1 parts from the default: " + "; ".join(parted)
     del model
     torch.cuda.empty_cache()
