@@ -308,6 +308,21 @@ def test_requests_arriving_during_a_multi_step_launch_are_all_answered(ids_ckpt)
         assert after[0] == "step" and after[3] == 7
 
 
+def test_warm_up_compiles_every_buckets_sampling_plan(ids_ckpt):
+    """Where the device samples, warm-up also builds (and on a GPU compiles) each bucket's plan that
+    samples, so the first sampled request waits for no compile; serving then starts greedy."""
+    from megakernel.serve.engine import Engine
+    from megakernel.serve.metrics import Metrics
+    mk = MegaQwen3(ids_ckpt.model, max_seq_len=MAX_SEQ_LEN, batch_size=2, backend="megakernel", buckets=(1, 2))
+    engine = Engine(mk, Metrics(2, 8))
+    engine.warm_up(sampling=True)
+    for n in (1, 2):
+        be = mk.bucket_backend(n)
+        assert not be.sampling and True in be._variants, n     # the sampling plan built and kept
+        assert be._variants[True]["plan"].SAMPLE == 1
+    assert not mk.sampled_slots() and set(engine.step_s) == {1, 2}
+
+
 def test_launch_length_rules(ids_ckpt):
     """k steps a launch: 1 while someone waits for a free slot or a sampled sequence runs on a
     runtime that samples on the host (several where the device samples), never past the first sequence to finish by length, and within max_launch_ms at the

@@ -214,10 +214,13 @@ class Engine:
         self.thread = threading.Thread(target=self._loop, name="megakernel-engine", daemon=True)
         self.thread.start()
 
-    def warm_up(self):
+    def warm_up(self, sampling: bool | None = None):
         """Run the prefill and a step of every bucket before serving: on a GPU the first launch of
         each compiles its kernels (its tape was built with the runtime). The second step of each
-        gives its step time, which bounds the first multi-step launches (``max_launch_ms``)."""
+        gives its step time, which bounds the first multi-step launches (``max_launch_ms``).
+        ``sampling`` (default: where the device samples and the kernels are compiled, on a GPU):
+        also build and compile every bucket's plan that samples on the device, which the first
+        sampled request would otherwise wait for, and every client with it."""
         mk = self.mk
         t0 = time.perf_counter()
         mk.prefill_slots([0], [[0]])
@@ -232,6 +235,16 @@ class Engine:
         log.info("batch buckets %s compiled and warmed up in %.1f s; a step takes %s ms (short context)",
                  ", ".join(map(str, self.buckets)), built + time.perf_counter() - t0,
                  ", ".join(f"{n}: {self.step_s[n] * 1e3:.2f}" for n in self.buckets))
+        if sampling is None:
+            device = getattr(getattr(mk, "weights", None), "device", None)
+            sampling = device is not None and device.type == "cuda"
+        if sampling and self.device_sampling:
+            t0 = time.perf_counter()
+            mk.set_slot_sampling(0, SamplingParams(1.0, seed=0))    # every bucket switches to its sampling plan
+            for n in self.buckets:
+                mk.step_slots([], bucket=n)
+            mk.reset_slots()        # (every slot greedy again: the greedy plans)
+            log.info("their plans that sample on the device compiled in %.1f s", time.perf_counter() - t0)
 
     def stop(self, timeout: float = 30.0):
         with self.cv:
