@@ -169,8 +169,8 @@ class Plan:
         if self.SWAP_TMA not in (0, 1) or (self.SWAP_TMA and self.BATCHED != 2):
             raise ValueError(f"SWAP_TMA={self.SWAP_TMA}: 0, or 1 on the weights-on-M tile (BATCHED=2)")
         if self.MMA_V3 not in (0, 1) or (not self.MMA_V3 and self.BATCHED != 2):
-            raise ValueError(f"MMA_V3={self.MMA_V3}: 1, or 0 (every dot on mma.sync) on the weights-on-M tile (BATCHED=2; "
-                             f"with BATCHED={self.BATCHED} set MMA_V3=1)")
+            raise ValueError(f"MMA_V3={self.MMA_V3}: 1, or 0 (every dot on mma.sync) on the weights-on-M tile "
+                             f"(BATCHED=2; with BATCHED={self.BATCHED} set MMA_V3=1)")
         if self.SWAP_CALL not in (0, 1) or (self.SWAP_CALL and self.BATCHED != 2):
             raise ValueError(f"SWAP_CALL={self.SWAP_CALL}: 0, or 1 on the weights-on-M tile (BATCHED=2)")
         if self.SWAP_MIN_N not in (8, 16):
@@ -235,7 +235,8 @@ class Plan:
         (``BT_CALL``) where it is called, not inlined (SWAP_CALL)."""
         if self.BATCHED != 2:
             return 2 * self.BATCHED - 1 + self.BATCH_INPUT if self.BATCHED else 0
-        return 3 + self.BATCH_INPUT + 8 * self.SWAP_TMA + (16 if self.SWAP_MIN_N == 16 else 0) + 32 * (1 - self.MMA_V3) + 64 * self.SWAP_CALL
+        return (3 + self.BATCH_INPUT + 8 * self.SWAP_TMA + (16 if self.SWAP_MIN_N == 16 else 0) + 32 * (1 - self.MMA_V3)
+                + 64 * self.SWAP_CALL)
 
     @property
     def kv_batch(self) -> int:
@@ -375,7 +376,8 @@ def _swap_plan(p: Plan, workers: int) -> dict:
 
 def batch_on_m_plan(p: Plan, workers: int) -> Plan:
     """``p`` (batched) on the batch-on-M tile (BATCHED 1): rows about N / workers, no K-splits."""
-    return replace(p, BATCHED=1, MMA_V3=1, SWAP_CALL=0, R_QKV=batched_qkv_rows(p.QKV_ROWS, p.D, workers), R_O=batched_rows(p.H, workers),
+    return replace(p, BATCHED=1, MMA_V3=1, SWAP_CALL=0, R_QKV=batched_qkv_rows(p.QKV_ROWS, p.D, workers),
+                   R_O=batched_rows(p.H, workers),
                    R_GU=batched_rows(p.I, workers), R_DOWN=batched_rows(p.H, workers), R_LM=batched_rows(p.V, workers),
                    SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
 
