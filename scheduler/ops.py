@@ -172,7 +172,8 @@ class Plan:
             raise ValueError(f"MMA_V3={self.MMA_V3}: 1, or 0 (every dot on mma.sync) on the weights-on-M tile "
                              f"(BATCHED=2; with BATCHED={self.BATCHED} set MMA_V3=1)")
         if self.SWAP_CALL not in (0, 1) or (self.SWAP_CALL and self.BATCHED != 2):
-            raise ValueError(f"SWAP_CALL={self.SWAP_CALL}: 0, or 1 on the weights-on-M tile (BATCHED=2)")
+            raise ValueError(f"SWAP_CALL={self.SWAP_CALL}: 0, or 1 on the weights-on-M tile "
+                             f"(BATCHED=2; with BATCHED={self.BATCHED} set SWAP_CALL=0)")
         if self.SWAP_MIN_N not in (8, 16):
             raise ValueError(f"SWAP_MIN_N={self.SWAP_MIN_N}: the weights-on-M tile pads the batch to 8 or 16")
         if self.SAMPLE and not (self.SAMPLE_CHUNK >= 1 and -(-self.V // self.SAMPLE_CHUNK) <= 64):
@@ -422,6 +423,10 @@ PLAN_RULES: tuple[Rule, ...] = (
          lambda x, p: p.BATCHED == 2 and x.B <= 16,
          lambda x, p: dict(MMA_V3=0),
          "to batch 16 on mma.sync: wgmma at N 16 costs the persistent kernel spills and shared memory"),
+    Rule("called-to-16",
+         lambda x, p: p.BATCHED == 2 and not p.MMA_V3,
+         lambda x, p: dict(SWAP_CALL=1),
+         "the mma.sync tile called, not inlined: its own registers, a third of the kernel's spills"),
     Rule("pools",
          lambda x, p: x.B == 1 and not p.BATCHED and cost(p, Op.GATEUP, p.tiles(Op.GATEUP)) >= POOL_MIN_BYTES * x.workers,
          _pools,
@@ -513,7 +518,9 @@ TP_SWAP_RULE = Rule("tp-swap", lambda x, p: False, lambda x, p: {},
 def w8a8_plan(p: Plan, workers: int) -> dict:
     """The fields that put a plan's projections on the weights-on-M tile with FP8 inputs."""
     fields = _swap_plan(p, workers) if p.BATCHED != 2 else {}
-    return {**fields, "BATCH_INPUT": BATCH_INPUTS["fp8"], **dict.fromkeys(POOL_FIELDS.values(), 0)}
+    # e4m3 runs on wgmma at every batch: mma.sync was 8% slower at 8b batch 16 (docs/performance.md)
+    return {**fields, "BATCH_INPUT": BATCH_INPUTS["fp8"], "MMA_V3": 1, "SWAP_CALL": 0,
+            **dict.fromkeys(POOL_FIELDS.values(), 0)}
 
 
 def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,

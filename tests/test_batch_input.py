@@ -20,7 +20,7 @@ SHAPE = dict(hidden=64, intermediate=128, heads=4, kv_heads=1, head_dim=16)
 
 
 # the batch-on-M tile's plan fields for SHAPE (multiples of 8 rows, no K-splits)
-BATCH_ON_M = dict(BATCHED=1, MMA_V3=1, R_QKV=16, R_O=16, R_GU=16, R_DOWN=16, R_LM=16, SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
+BATCH_ON_M = dict(BATCHED=1, MMA_V3=1, SWAP_CALL=0, R_QKV=16, R_O=16, R_GU=16, R_DOWN=16, R_LM=16, SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
 
 
 def teacher_forced_logits(model, backend, prompts, fed, variant, tile):
@@ -107,16 +107,19 @@ def test_batch_input_is_checked():
         dataclasses.replace(plan, BATCH_INPUT=3)
     with pytest.raises(ValueError, match=r"BATCH_INPUT=2 \(fp8, w8a8\) needs FP8 weights"):
         dataclasses.replace(plan, BATCH_INPUT=2)
-    # batch 8 on mma.sync (the rule mma-sync-to-16), batch 32 as Triton chooses
-    assert plan.BATCHED == 2 and plan.SWAP_TMA == 0 and plan.SWAP_MIN_N == 8 and plan.MMA_V3 == 0 and plan.BT == 3 + 32
+    # batch 8 on mma.sync (the rule mma-sync-to-16), its tile called (called-to-16); batch 32 as Triton chooses
+    assert plan.BATCHED == 2 and plan.SWAP_TMA == 0 and plan.SWAP_MIN_N == 8 and plan.MMA_V3 == 0
+    assert plan.SWAP_CALL == 1 and plan.BT == 3 + 32 + 64
     assert make_plan(PRESETS["0.6b"], 32, 128, 132).BT == 3
-    assert dataclasses.replace(plan, SWAP_TMA=1, SWAP_MIN_N=16, BATCH_INPUT=1, MMA_V3=1).BT == 3 + 1 + 8 + 16
+    assert dataclasses.replace(plan, SWAP_TMA=1, SWAP_MIN_N=16, BATCH_INPUT=1, MMA_V3=1, SWAP_CALL=0).BT == 3 + 1 + 8 + 16
     with pytest.raises(ValueError, match=r"MMA_V3=0: 1, or 0 \(every dot on mma.sync\) on the weights-on-M tile"):
         dataclasses.replace(plan, BATCHED=1, SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
+    with pytest.raises(ValueError, match=r"SWAP_CALL=1: .* \(BATCHED=2; with BATCHED=1 set SWAP_CALL=0\)"):
+        dataclasses.replace(plan, BATCHED=1, MMA_V3=1, SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
     with pytest.raises(ValueError, match=r"SWAP_MIN_N=32: the weights-on-M tile pads the batch to 8 or 16"):
         dataclasses.replace(plan, SWAP_MIN_N=32)
     with pytest.raises(ValueError, match=r"SWAP_TMA=1: 0, or 1 on the weights-on-M tile"):
-        dataclasses.replace(plan, SWAP_TMA=1, BATCHED=1, MMA_V3=1, SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
+        dataclasses.replace(plan, SWAP_TMA=1, BATCHED=1, MMA_V3=1, SWAP_CALL=0, SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
 
 
 @pytest.mark.parametrize("batch", [3])
