@@ -375,6 +375,16 @@ def _swap_plan(p: Plan, workers: int) -> dict:
                 SK_GU=swap_splits(p.I, p.H, r, workers), SK_DOWN=swap_splits(p.H, p.I, r, workers))
 
 
+# The split of an O or down block that takes its last ticket reads every split's B x 64 float32
+# partials before the residual epilogue: at 0.6b batch 64, 16 splits of O (256 KB) cost more than
+# 4 splits' longer weight stream (2.693 -> 2.507 ms, H100; docs/performance.md).
+RESIDUAL_PARTIAL_BYTES = 65536
+
+
+def _residual_splits(B: int) -> int:
+    return max(1, _pow2_floor(RESIDUAL_PARTIAL_BYTES // (B * SWAP_ROWS * 4)))
+
+
 def batch_on_m_plan(p: Plan, workers: int) -> Plan:
     """``p`` (batched) on the batch-on-M tile (BATCHED 1): rows about N / workers, no K-splits."""
     return replace(p, BATCHED=1, MMA_V3=1, SWAP_CALL=0, R_QKV=batched_qkv_rows(p.QKV_ROWS, p.D, workers),
@@ -419,6 +429,10 @@ PLAN_RULES: tuple[Rule, ...] = (
          lambda x, p: x.B >= 2,
          lambda x, p: _swap_plan(p, x.workers),
          "a batch reads each weight once on the weights-on-M tile (wgmma), split over K to about a tile a worker"),
+    Rule("few-residual-splits",
+         lambda x, p: p.BATCHED == 2 and max(p.SK_O, p.SK_DOWN) > _residual_splits(x.B),
+         lambda x, p: dict(SK_O=min(p.SK_O, _residual_splits(x.B)), SK_DOWN=min(p.SK_DOWN, _residual_splits(x.B))),
+         "large batches: O and down's last split sums every split's partials, at most 64 KB of them"),
     Rule("mma-sync-to-16",
          lambda x, p: p.BATCHED == 2 and x.B <= 16,
          lambda x, p: dict(MMA_V3=0),
@@ -518,8 +532,9 @@ TP_SWAP_RULE = Rule("tp-swap", lambda x, p: False, lambda x, p: {},
 def w8a8_plan(p: Plan, workers: int) -> dict:
     """The fields that put a plan's projections on the weights-on-M tile with FP8 inputs."""
     fields = _swap_plan(p, workers) if p.BATCHED != 2 else {}
-    # e4m3 runs on wgmma at every batch: mma.sync was 8% slower at 8b batch 16 (docs/performance.md)
-    return {**fields, "BATCH_INPUT": BATCH_INPUTS["fp8"], "MMA_V3": 1, "SWAP_CALL": 0,
+    # e4m3 runs on wgmma at every batch (mma.sync was 8% slower at 8b batch 16); the tile padded to
+    # 8 is called (7% faster at 8b batch 8, docs/performance.md)
+    return {**fields, "BATCH_INPUT": BATCH_INPUTS["fp8"], "MMA_V3": 1, "SWAP_CALL": int(p.B <= 8),
             **dict.fromkeys(POOL_FIELDS.values(), 0)}
 
 

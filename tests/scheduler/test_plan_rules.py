@@ -12,7 +12,7 @@ FIELDS = {f.name for f in dataclasses.fields(Plan)}
 
 def test_every_rule_fires_somewhere_and_sets_plan_fields():
     fired = set()
-    for size, batch, seq, workers in itertools.product(PRESETS, (1, 2), (64, 392, 8192), (264, 132)):
+    for size, batch, seq, workers in itertools.product(PRESETS, (1, 2, 64), (64, 392, 8192), (264, 132)):
         plan, rules = plan_and_rules(PRESETS[size], batch, seq, workers)
         assert plan == make_plan(PRESETS[size], batch, seq, workers)
         for rule, fields in rules:
@@ -36,3 +36,17 @@ def test_fired_fields_are_what_differs_from_the_base_plan():
                                      short=size == "0.6b"), None, None)
         changed = {k for k in FIELDS if getattr(base, k) != getattr(plan, k)}
         assert changed and changed <= set().union(*(set(f) for _, f in rules))
+
+
+def test_large_batches_keep_residual_partials_within_64_kb():
+    """O's and down's last split reads every split's B x 64 float32 partials: at most 64 KB of them
+    (0.6b batch 64 goes from 16 and 8 splits to 4); 8b batch 64 already is within it."""
+    from scheduler.ops import SWAP_ROWS
+    small = make_plan(PRESETS["0.6b"], 64, 264, 264)
+    assert (small.SK_O, small.SK_DOWN) == (4, 4)
+    assert make_plan(PRESETS["0.6b"], 16, 264, 264).SK_O == 16
+    for size, batch in (("0.6b", 32), ("0.6b", 64), ("8b", 64), ("32b", 64)):
+        plan = make_plan(PRESETS[size], batch, 264, 264)
+        assert max(plan.SK_O, plan.SK_DOWN) * batch * SWAP_ROWS * 4 <= 65536, size
+    big, rules = plan_and_rules(PRESETS["8b"], 64, 264, 264)
+    assert (big.SK_O, big.SK_DOWN) == (4, 4) and "few-residual-splits" not in [r.name for r, _ in rules]
