@@ -27,6 +27,7 @@ each kind live in ``instructions/<module>.py``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 from math import gcd
 
@@ -375,14 +376,19 @@ def _swap_plan(p: Plan, workers: int) -> dict:
                 SK_GU=swap_splits(p.I, p.H, r, workers), SK_DOWN=swap_splits(p.H, p.I, r, workers))
 
 
-# The split of an O or down block that takes its last ticket reads every split's B x 64 float32
-# partials before the residual epilogue: at 0.6b batch 64, 16 splits of O (256 KB) cost more than
-# 4 splits' longer weight stream (2.693 -> 2.507 ms, H100; docs/performance.md).
-RESIDUAL_PARTIAL_BYTES = 65536
+# A block's last split sums every split's B x 64 float32 partials, SK * B * 256 bytes, after reading
+# its own 64 x K / SK weights: 128 * K / SK bytes. The sum is least at SK = sqrt(K / (2B)) (the
+# nearest power of two). Timed from batch 32 (H100): 0.6b batch 64, O's 16 splits and down's 8 to 4
+# each, 2.693 -> 2.502 ms; batch 32, O's 16 to 8, 1.696 -> 1.628; 8b batch 64 with fewer splits than
+# this is slower (9.342 -> 10.230). Below batch 32 the stage's tile count decides (``swap_splits``).
+def _splits(p: Plan) -> dict:
+    return dict(SK_QKV=p.SK_QKV, SK_O=p.SK_O, SK_GU=p.SK_GU, SK_DOWN=p.SK_DOWN)
 
 
-def _residual_splits(B: int) -> int:
-    return max(1, _pow2_floor(RESIDUAL_PARTIAL_BYTES // (B * SWAP_ROWS * 4)))
+def _balanced_splits(x: PlanInputs, p: Plan) -> dict:
+    ks = dict(SK_QKV=p.H, SK_O=p.HQ * p.D, SK_GU=p.H, SK_DOWN=p.I)
+    return {f: min(sk, 1 << max(0, round(0.5 * math.log2(ks[f] / (2 * x.B)) + 1e-9)))
+            for f, sk in _splits(p).items()}
 
 
 def batch_on_m_plan(p: Plan, workers: int) -> Plan:
@@ -429,10 +435,10 @@ PLAN_RULES: tuple[Rule, ...] = (
          lambda x, p: x.B >= 2,
          lambda x, p: _swap_plan(p, x.workers),
          "a batch reads each weight once on the weights-on-M tile (wgmma), split over K to about a tile a worker"),
-    Rule("few-residual-splits",
-         lambda x, p: p.BATCHED == 2 and max(p.SK_O, p.SK_DOWN) > _residual_splits(x.B),
-         lambda x, p: dict(SK_O=min(p.SK_O, _residual_splits(x.B)), SK_DOWN=min(p.SK_DOWN, _residual_splits(x.B))),
-         "large batches: O and down's last split sums every split's partials, at most 64 KB of them"),
+    Rule("balanced-splits",
+         lambda x, p: p.BATCHED == 2 and x.B >= 32 and _balanced_splits(x, p) != _splits(p),
+         _balanced_splits,
+         "from batch 32: K-splits that balance a split's weights against the partials its last split sums"),
     Rule("mma-sync-to-16",
          lambda x, p: p.BATCHED == 2 and x.B <= 16,
          lambda x, p: dict(MMA_V3=0),
@@ -532,9 +538,9 @@ TP_SWAP_RULE = Rule("tp-swap", lambda x, p: False, lambda x, p: {},
 def w8a8_plan(p: Plan, workers: int) -> dict:
     """The fields that put a plan's projections on the weights-on-M tile with FP8 inputs."""
     fields = _swap_plan(p, workers) if p.BATCHED != 2 else {}
-    # e4m3 runs on wgmma at every batch (mma.sync was 8% slower at 8b batch 16); the tile padded to
-    # 8 is called (7% faster at 8b batch 8, docs/performance.md)
-    return {**fields, "BATCH_INPUT": BATCH_INPUTS["fp8"], "MMA_V3": 1, "SWAP_CALL": int(p.B <= 8),
+    # e4m3 runs on wgmma at every batch (mma.sync was 8% slower at 8b batch 16), the tile called to
+    # batch 16 (2-7% faster at 8b batch 1, 8 and 16; docs/performance.md)
+    return {**fields, "BATCH_INPUT": BATCH_INPUTS["fp8"], "MMA_V3": 1, "SWAP_CALL": int(p.B <= 16),
             **dict.fromkeys(POOL_FIELDS.values(), 0)}
 
 

@@ -383,8 +383,8 @@ def test_balanced_gateup_plan():
 def test_batched_plan_rows(name, batch, workers):
     """From batch 2 every GEMV is on the weights-on-M tile: 64-row blocks (wgmma's M), each split over
     K so that the stage has at most a tile a worker where the blocks are fewer than the workers, the
-    splits a power of two over whole 128-column chunks, the most that fit (O's and down's partials
-    within 64 KB a block); no QKV tile straddles two
+    splits a power of two over whole 128-column chunks, the most that fit (from batch 32 at most
+    about sqrt(K / 2B): a split's weights against the partials its block's last split sums); no QKV tile straddles two
     kv heads' rows (attention waits on each head's own tiles)."""
     from scheduler.graph import qkv_group
     from scheduler.ops import SWAP_ROWS
@@ -398,7 +398,7 @@ def test_batched_plan_rows(name, batch, workers):
         assert sk & (sk - 1) == 0 and k % sk == 0
         assert sk == 1 or (blocks * sk <= workers and (k // sk) % 128 == 0), (op, sk)
         more = 2 * sk
-        capped = op in (Op.OPROJ, Op.DOWN) and more * batch * SWAP_ROWS * 4 > 65536    # few-residual-splits
+        capped = batch >= 32 and more * more > k / (2 * batch)       # balanced-splits
         assert capped or blocks * more > workers or k % more or (k // more) % 128, (op, sk, "a split more would fit")
     by_row = dataclasses.replace(p, R_QKV=1, SK_QKV=1)     # qkv_group of a one-row tile: its row's kv head
     for t in range(p.tiles(Op.QKV)):
