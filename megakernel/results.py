@@ -455,7 +455,9 @@ def questions_markdown(rows: list[dict], plots: str | Path, rel_to: str | Path, 
             plot_series(series, "batch size", "ms per decode step", f"decode on {short_device(dev)}", path)
             out += ["", f"Plot: {_plot_link(path, rel_to)}"]
 
-    pre = [r for r in rows if r.get("prefill_ms") is not None and not r.get("error") and r["batch_size"] == 1
+    # prefill-only runs (no decode step timed): a decode run's prefill is a warm-up's, a few samples
+    pre = [r for r in rows if r.get("prefill_ms") is not None and r.get("ms_per_step") is None
+           and not r.get("error") and r["batch_size"] == 1
            and r.get("quantization") != "fp8" and _tp(r) == 1 and r["backend"] in ("megakernel", "hf")]
     latest: dict[tuple, dict] = {}
     for r in pre:

@@ -76,6 +76,13 @@ def test_bench_records_rows_and_render_draws_them(tiny_checkpoint, tmp_path):
     assert [(x["batch_size"], x["prompt_len"], x["backend"], x["ms_per_step"]) for x in rows] == \
         [(x["batch_size"], x["prompt_len"], x["backend"], x["ms_per_step"]) for x in last["results"]]
 
+    # the prefill question draws on prefill-only runs (a decode run's prefill is a warm-up's)
+    rp = run_bench("-m", tiny.folder, "--prefill-only", "--prompt-len", "4,6", "--compare", "megakernel",
+                   "--record", table)
+    assert rp.returncode == 0, rp.stderr[-3000:]
+    pre_rows = results.read_rows(table)[len(rows):]
+    assert pre_rows and all(x["ms_per_step"] is None and x["prefill_ms"] > 0 for x in pre_rows)
+
     # bench/render: results by question in the README's block, every row in the full table, the plots
     readme, full = tmp_path / "README.md", tmp_path / "docs" / "results.md"
     readme.write_text("# t\n\n## Results\n\n<!-- results:begin -->\nstale\n<!-- results:end -->\n\nafter\n")
@@ -100,8 +107,9 @@ def test_bench_records_rows_and_render_draws_them(tiny_checkpoint, tmp_path):
     doc = full.read_text()
     bench_rows = doc[doc.index("## Bench rows"):doc.index("## Serving rows")]
     body = [ln for ln in bench_rows.splitlines() if ln.startswith("| ") and not ln.startswith("| ---")][1:]
-    assert len(body) == len(rows) and all(f"| {rows[0]['run']} |" in ln for ln in body)
-    assert sorted(ln.split("|")[7].strip() for ln in body) == sorted(x["backend"] for x in rows)
+    assert len(body) == len(rows) + len(pre_rows)
+    assert all(f"| {rows[0]['run']} |" in ln or f"| {pre_rows[0]['run']} |" in ln for ln in body)
+    assert sorted(ln.split("|")[7].strip() for ln in body) == sorted(x["backend"] for x in rows + pre_rows)
     runs = doc[doc.index("## Runs"):]
     assert rows[0]["command"] in runs and rows[0]["device"] in runs and results.commit_cell(rows[0]) in runs
     plots = sorted(p.name for p in (tmp_path / "plots").iterdir())
