@@ -63,7 +63,8 @@ def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = N
     which the rules do not yet choose (``scheduler.ops.plan_and_rules``)."""
     fp8 = mk.weights.quantization == "fp8"
     plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk, num_warps=num_warps,
-                     tp=getattr(mk, "tp", 1), fp8=fp8, w8a8=getattr(mk, "w8a8", False), tp_swap=tp_swap)
+                     tp=getattr(mk, "tp", 1), fp8=fp8, w8a8=getattr(mk, "w8a8", False), tp_swap=tp_swap,
+                     bf16_inputs=mk.weights.dtype == torch.bfloat16)
     choice = getattr(mk, "plan_choice", None)
     tuned = choice.entry.fields if choice is not None and choice.entry is not None else {}
     if tuned:

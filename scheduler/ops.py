@@ -90,7 +90,8 @@ def next_pow2(n: int) -> int:
 # transformers and vLLM multiply bf16 weights), with the RMSNorm sums of squares added by a
 # pairwise tree instead of three MMAs; "fp8" (the weights-on-M tile with FP8 weights, w8a8):
 # quantized to e4m3 per 128 columns, multiplied on the FP8 tensor cores (instructions/wgmma.py). The
-# rules keep "split" for 16-bit weights and "fp8" for FP8 ones unless asked for weight-only FP8.
+# rules take "bf16" for bf16 weights on the weights-on-M tile (rule bf16-input), "fp8" for FP8 ones
+# unless asked for weight-only FP8, and "split" otherwise (float32 models stay float32-exact).
 BATCH_INPUTS = {"split": 0, "bf16": 1, "fp8": 2}
 
 
@@ -350,6 +351,7 @@ class PlanInputs:
     elems: int                  # TILE_ELEMS scaled to the program's warps
     nsplit_given: bool          # the caller fixed NSPLIT
     short: bool                 # a layer's bf16 weights are under ATTN_NEW_MAX_BYTES a worker
+    bf16: bool = False          # bf16 weights (not FP8): the batched tile may round its input to bf16
 
     def rows(self, N: int, K: int, workers: int | None = None, cap: int = 64) -> int:
         return _rows(N, K, self.workers if workers is None else workers, cap, self.max_bk, self.elems)
@@ -393,7 +395,7 @@ def _balanced_splits(x: PlanInputs, p: Plan) -> dict:
 
 def batch_on_m_plan(p: Plan, workers: int) -> Plan:
     """``p`` (batched) on the batch-on-M tile (BATCHED 1): rows about N / workers, no K-splits."""
-    return replace(p, BATCHED=1, MMA_V3=1, SWAP_CALL=0, R_QKV=batched_qkv_rows(p.QKV_ROWS, p.D, workers),
+    return replace(p, BATCHED=1, MMA_V3=1, SWAP_CALL=0, BATCH_INPUT=0, R_QKV=batched_qkv_rows(p.QKV_ROWS, p.D, workers),
                    R_O=batched_rows(p.H, workers),
                    R_GU=batched_rows(p.I, workers), R_DOWN=batched_rows(p.H, workers), R_LM=batched_rows(p.V, workers),
                    SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
@@ -439,6 +441,10 @@ PLAN_RULES: tuple[Rule, ...] = (
          lambda x, p: p.BATCHED == 2 and x.B >= 32 and _balanced_splits(x, p) != _splits(p),
          _balanced_splits,
          "from batch 32: K-splits that balance a split's weights against the partials its last split sums"),
+    Rule("bf16-input",
+         lambda x, p: x.bf16 and p.BATCHED == 2,
+         lambda x, p: dict(BATCH_INPUT=BATCH_INPUTS["bf16"]),
+         "bf16 weights: the input rounded to one bf16 MMA operand, as transformers does (half the input bytes)"),
     Rule("mma-sync-to-16",
          lambda x, p: p.BATCHED == 2 and x.B <= 16,
          lambda x, p: dict(MMA_V3=0),
@@ -485,13 +491,15 @@ def _base_plan(x: PlanInputs, nsplit: int | None, lm_rows: int | None) -> Plan:
 
 def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
                    lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4, tp: int = 1,
-                   fp8: bool = False, w8a8: bool = False,
-                   tp_swap: bool = False) -> tuple[Plan, list[tuple[Rule, dict]]]:
+                   fp8: bool = False, w8a8: bool = False, tp_swap: bool = False,
+                   bf16_inputs: bool = False) -> tuple[Plan, list[tuple[Rule, dict]]]:
     """``make_plan``'s plan, and the rules of ``PLAN_RULES`` that fired with the fields each set.
     ``tp`` > 1: ``cfg`` is one rank's shapes (``models.qwen3.tp.shard_config``). ``fp8`` (FP8
     projections) is set after the rules: tiles are sized as for bf16 weights. ``w8a8`` (with
     ``fp8``): FP8 activations too, which only the weights-on-M tile multiplies, so every batch
-    (batch 1 too) runs it (``w8a8_plan``), at any ``tp``.
+    (batch 1 too) runs it (``w8a8_plan``), at any ``tp``. ``bf16_inputs``: the weights are bf16
+    (the model's dtype), so the weights-on-M tile may round its input to one bf16 operand (rule
+    ``bf16-input``; float32 models keep the float32-exact "split", and TP, not yet timed with it).
 
     Under TP the rules' batched plans stay on the batch-on-M tile (``batch_on_m_plan``) unless
     ``tp_swap`` or w8a8 is asked for: the weights-on-M tile runs there (REDUCE writes the xs and
@@ -500,7 +508,7 @@ def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit:
     if not 1 <= batch_size <= MAX_BATCH:
         raise ValueError(f"batch size {batch_size} is outside what the kernels run: 1 to {MAX_BATCH}")
     x = PlanInputs(cfg, batch_size, max_seq_len, workers, max_bk, TILE_ELEMS * num_warps // 4, nsplit is not None,
-                   short=cfg.layer_matrix_params * 2 < ATTN_NEW_MAX_BYTES * workers)
+                   short=cfg.layer_matrix_params * 2 < ATTN_NEW_MAX_BYTES * workers, bf16=bf16_inputs and not fp8 and tp == 1)
     plan = _base_plan(x, nsplit, lm_rows)
     fired = []
     for rule in PLAN_RULES:
@@ -546,14 +554,14 @@ def w8a8_plan(p: Plan, workers: int) -> dict:
 
 def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
               lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4, tp: int = 1,
-              fp8: bool = False, w8a8: bool = False, tp_swap: bool = False) -> Plan:
+              fp8: bool = False, w8a8: bool = False, tp_swap: bool = False, bf16_inputs: bool = False) -> Plan:
     """Tile sizes for ``cfg`` at ``batch_size`` and ``max_seq_len`` on ``workers`` workers: the base
     plan with ``PLAN_RULES`` applied (``plan_and_rules`` says which fired). ``tp`` > 1: ``cfg`` is
     one rank's shapes, and the step adds the ranks' partial sums after O and down; ``tp_swap``: its
     batched plans on the weights-on-M tile (not yet the default, ``plan_and_rules``). ``fp8``: the
     plan of FP8 projections (their bytes in ``cost``; the kernels read the format from the weights)."""
     return plan_and_rules(cfg, batch_size, max_seq_len, workers, nsplit, lm_rows, max_bk, num_warps, tp=tp,
-                          fp8=fp8, w8a8=w8a8, tp_swap=tp_swap)[0]
+                          fp8=fp8, w8a8=w8a8, tp_swap=tp_swap, bf16_inputs=bf16_inputs)[0]
 
 
 def short_b1_mlp(plan: Plan, workers: int) -> bool:

@@ -96,6 +96,28 @@ def test_batch_input_variants_agree_across_backends_and_with_hf(tiny_checkpoint,
     assert not torch.equal(got["bf16"], got["split"])
 
 
+def test_bf16_input_stays_within_transformers_bf16_error(tiny_checkpoint, seed):
+    """The default for bf16 weights (rule bf16-input): on bf16 weights (read as float32, so the
+    interpreter multiplies the GPU's operands), "bf16" logits are no further from float32
+    transformers than transformers' own bf16 model of the same checkpoint; "split" stays exact."""
+    from transformers import Qwen3ForCausalLM
+    tiny = tiny_checkpoint(dtype=torch.bfloat16, **SHAPE)
+    truth = Qwen3ForCausalLM.from_pretrained(tiny.folder, dtype=torch.float32).eval()
+    model = load_model(str(tiny.folder), device="cpu", dtype=torch.float32, progress=False)
+    g = torch.Generator().manual_seed(seed)
+    batch, steps = 3, 3
+    prompts = [random_prompt(int(n), tiny.vocab_size, seed + i)
+               for i, n in enumerate(torch.randint(1, 9, (batch,), generator=g))]
+    fed = torch.randint(0, tiny.vocab_size, (steps, batch), generator=g).tolist()
+    with torch.no_grad():
+        want = torch.stack([hf_logits(truth, p, [fed[s][b] for s in range(steps)]) for b, p in enumerate(prompts)], 1)
+        hf16 = torch.stack([hf_logits(tiny.hf, p, [fed[s][b] for s in range(steps)]) for b, p in enumerate(prompts)], 1)
+    ours = teacher_forced_logits(model, "megakernel", prompts, fed, "bf16", 2)
+    err, err_hf = rel_err(ours, want), rel_err(hf16, want)
+    assert 0 < err <= err_hf, f"bf16 input: {err:.2e} from float32, transformers' bf16 model {err_hf:.2e}"
+    assert rel_err(teacher_forced_logits(model, "megakernel", prompts, fed, "split", 2), want) < 1e-5
+
+
 def test_batch_input_is_checked():
     """A plan's BATCH_INPUT outside BATCH_INPUTS is refused with the values it takes; so are the
     weights-on-M tile's feed fields outside their values or off that tile. Each sets its bit of BT."""

@@ -12,9 +12,10 @@ FIELDS = {f.name for f in dataclasses.fields(Plan)}
 
 def test_every_rule_fires_somewhere_and_sets_plan_fields():
     fired = set()
-    for size, batch, seq, workers in itertools.product(PRESETS, (1, 2, 64), (64, 392, 8192), (264, 132)):
-        plan, rules = plan_and_rules(PRESETS[size], batch, seq, workers)
-        assert plan == make_plan(PRESETS[size], batch, seq, workers)
+    for size, batch, seq, workers, bf16 in itertools.product(PRESETS, (1, 2, 64), (64, 392, 8192), (264, 132),
+                                                             (False, True)):
+        plan, rules = plan_and_rules(PRESETS[size], batch, seq, workers, bf16_inputs=bf16)
+        assert plan == make_plan(PRESETS[size], batch, seq, workers, bf16_inputs=bf16)
         for rule, fields in rules:
             assert fields and set(fields) <= FIELDS, rule.name
             fired.add(rule.name)
@@ -49,3 +50,17 @@ def test_large_batches_balance_a_splits_weights_against_the_partials_summed():
     assert make_plan(PRESETS["0.6b"], 16, 264, 264).SK_O == 16
     big, rules = plan_and_rules(PRESETS["8b"], 64, 264, 264)
     assert (big.SK_O, big.SK_DOWN) == (4, 4) and "balanced-splits" not in [r.name for r, _ in rules]
+
+
+def test_bf16_weights_round_the_batched_input_to_bf16():
+    """bf16 weights on the weights-on-M tile take the input as one bf16 operand (BATCH_INPUT 1);
+    float32 models keep "split" (float32-exact), as do batch 1, FP8 (w8a8's e4m3 or weight-only)
+    and TP, where the batch-on-M tile runs."""
+    from scheduler.ops import BATCH_INPUTS
+    cfg = PRESETS["8b"]
+    assert make_plan(cfg, 8, 264, 264, bf16_inputs=True).BATCH_INPUT == BATCH_INPUTS["bf16"]
+    assert make_plan(cfg, 8, 264, 264).BATCH_INPUT == BATCH_INPUTS["split"]
+    assert make_plan(cfg, 1, 264, 264, bf16_inputs=True).BATCH_INPUT == BATCH_INPUTS["split"]
+    assert make_plan(cfg, 8, 264, 264, bf16_inputs=True, fp8=True).BATCH_INPUT == BATCH_INPUTS["split"]
+    assert make_plan(cfg, 8, 264, 264, bf16_inputs=True, fp8=True, w8a8=True).BATCH_INPUT == BATCH_INPUTS["fp8"]
+    assert make_plan(cfg, 8, 264, 264, bf16_inputs=True, tp=2).BATCH_INPUT == BATCH_INPUTS["split"]
