@@ -292,6 +292,12 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
     return seen
 
 
+# The same tile called as a function (the plan's ATTN_CALL): the persistent kernel then allocates its
+# registers apart from the other tiles'. Compiled for sm_90 under Triton 3.6, 0.6b's batch-64
+# megakernel with the weights-on-M tile called too keeps 17 spill loads and 12 stores, against 76.
+attn_tile_called = triton.jit(attn_tile.fn, noinline=True)
+
+
 @triton.jit
 def attn_kernel(layer, qkv_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, lengths_ptr, k_cache_ptr, v_cache_ptr,
                 opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, KV_B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr,

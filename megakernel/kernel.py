@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from instructions.common import BT_SWAP, RELAXED, RELEASE, T_SM, TRACE_SLOTS, sm_id, wait_counter
+from instructions.attention import attn_tile_called     # the plan's ATTN_CALL
 from instructions.registry import DEVICE_KINDS
 from instructions.matvec import next_norm
 from instructions.tiles import TICK_DOWN, TICK_O, TICK_STRIDE
@@ -148,7 +149,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                SK_O: tl.constexpr, SK_GU: tl.constexpr, SK_DOWN: tl.constexpr, SAMPLE: tl.constexpr,
                SAMPLE_CHUNK: tl.constexpr,
                KV_B: tl.constexpr, SWAP_TMA: tl.constexpr, SWAP_MIN_N: tl.constexpr, MMA_V3: tl.constexpr,
-               SWAP_CALL: tl.constexpr, SPIN: tl.constexpr,
+               SWAP_CALL: tl.constexpr, ATTN_CALL: tl.constexpr, SPIN: tl.constexpr,
                TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr, SM_PAIRS: tl.constexpr):
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr + pid)
@@ -210,7 +211,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                                 target, B, H, QKV_N, R_QKV, BK_H, SCALE_ROWS, True, SPIN, BT, tr, TRACE, kpart_ptr,
                                 kticks_ptr, SK_QKV, xs_ptr, xss_ptr)
             elif op == OP_ATTN:
-                seen = attn_tile(t0, t1, layer, qkv_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, lengths_ptr, s,
+                seen = (attn_tile_called if ATTN_CALL else attn_tile)(t0, t1, layer, qkv_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, lengths_ptr, s,
                                  k_cache_ptr, v_cache_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt, target,
                                  KV_B, D, HQ, HKV, S, NSPLIT, BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, ATTN_NEW,
                                  True, SPIN, tr, TRACE)

@@ -214,6 +214,7 @@ def moves(base: Plan, cand: Candidate, workers: int, cuda: bool) -> list[Candida
             add(replace(p, KV_STAGES=v))
     if p.NSPLIT >= 2:
         add(replace(p, ATTN_NEW=1 - p.ATTN_NEW))
+    add(replace(p, ATTN_CALL=1 - p.ATTN_CALL))     # attention's tile called, not inlined
     if p.BATCHED == 2:  # the weights-on-M tile's weights by TMA or by pointer loads, its MMA, its padding
         add(replace(p, SWAP_TMA=1 - p.SWAP_TMA))
         add(replace(p, MMA_V3=1 - p.MMA_V3))

@@ -153,6 +153,8 @@ class Plan:
     # 1: the persistent kernel calls the weights-on-M tile as a function instead of inlining it, so
     # its registers are allocated apart from the other tiles' (as the sampling tiles are)
     SWAP_CALL: int = 0
+    # 1: the persistent kernel calls attention's tile as a function (its own registers); untimed
+    ATTN_CALL: int = 0
     SAMPLE: int = 0     # 1: the sampling stages between the LM head and ARGMAX (sampling on the device)
     SAMPLE_CHUNK: int = 4096    # logits a sampling tile reads (instructions/sample.py), at most 64 a row
     # The KV cache's allocated batch, the layer stride of k_cache/v_cache in sequences: a step of
@@ -173,6 +175,8 @@ class Plan:
         if self.MMA_V3 not in (0, 1) or (not self.MMA_V3 and self.BATCHED != 2):
             raise ValueError(f"MMA_V3={self.MMA_V3}: 1, or 0 (every dot on mma.sync) on the weights-on-M tile "
                              f"(BATCHED=2; with BATCHED={self.BATCHED} set MMA_V3=1)")
+        if self.ATTN_CALL not in (0, 1):
+            raise ValueError(f"ATTN_CALL={self.ATTN_CALL}: 0 (attention's tile inlined) or 1 (called)")
         if self.SWAP_CALL not in (0, 1) or (self.SWAP_CALL and self.BATCHED != 2):
             raise ValueError(f"SWAP_CALL={self.SWAP_CALL}: 0, or 1 on the weights-on-M tile "
                              f"(BATCHED=2; with BATCHED={self.BATCHED} set SWAP_CALL=0)")

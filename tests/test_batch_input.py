@@ -150,8 +150,8 @@ def test_tma_weights_and_wider_padding_give_the_same_bits(tiny_checkpoint, seed,
     bit for bit on each kernel backend: with 48-row QKV blocks a 64-row chunk also reads the next
     block's rows, and the last block reads past the matrix (zeros); gate/up split over K reads past
     its split's columns, where the input is masked. So do the batch padded to 16 (SWAP_MIN_N) and the
-    tile called rather than inlined (SWAP_CALL; the interpreter inlines nothing, so this checks the
-    dispatch, and the GPU's bitwise test the code)."""
+    tile called rather than inlined (SWAP_CALL, and attention's, ATTN_CALL; the interpreter inlines
+    nothing, so this checks the dispatch, and the GPU's bitwise test the code)."""
     tiny = tiny_checkpoint(**SHAPE)
     model = load_model(str(tiny.folder), device="cpu", dtype=torch.float32, progress=False)
     g = torch.Generator().manual_seed(seed)
@@ -160,8 +160,9 @@ def test_tma_weights_and_wider_padding_give_the_same_bits(tiny_checkpoint, seed,
     fed = torch.randint(0, tiny.vocab_size, (2, batch), generator=g).tolist()
     for be in ("megakernel", "per-op"):
         runs = [forced_logits(model, be, prompts, fed, {"SWAP_TMA": tma, "SWAP_MIN_N": min_n, "SWAP_CALL": call,
-                                                        "R_QKV": 48, "SK_GU": 2}, BATCHED=2)
-                for tma, min_n, call in ((0, 8, 0), (1, 8, 0), (0, 16, 0), (0, 8, 1))]
+                                                        "ATTN_CALL": attn, "R_QKV": 48, "SK_GU": 2}, BATCHED=2)
+                for tma, min_n, call, attn in ((0, 8, 0, 0), (1, 8, 0, 0), (0, 16, 0, 0), (0, 8, 1, 0), (0, 8, 0, 1))]
         assert torch.equal(runs[0], runs[1]), f"{be}: TMA weights differ from pointer loads"
         assert torch.equal(runs[0], runs[2]), f"{be}: the batch padded to 16 differs from 8"
         assert torch.equal(runs[0], runs[3]), f"{be}: the tile called differs from the tile inlined"
+        assert torch.equal(runs[0], runs[4]), f"{be}: attention's tile called differs from it inlined"

@@ -21,15 +21,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 # batch 1 (the register tiles); the weights-on-M tile padded to 16 on wgmma (SWAP_MIN_N=16, MMA_V3=1:
 # the rules' 8 is mma.sync under Triton 3.6; inlined, SWAP_CALL=0), with its weights by TMA and called (SWAP_CALL), and at 32 in the plan that
-# samples on the device (its three sampling tiles, called from the persistent kernel); w8a8 at batch 1
+# samples on the device (its three sampling tiles and attention's, ATTN_CALL, called from the
+# persistent kernel); w8a8 at batch 1
 # (its projections on the weights-on-M tile with e4m3 inputs); batch 16 as the rules plan it, every
 # dot on mma.sync (MMA_V3=0: compiled with Triton's DISABLE_MMA_V3)
 WGMMA = {"SWAP_MIN_N": 16, "MMA_V3": 1, "SWAP_CALL": 0}
 
 
 @pytest.mark.parametrize("batch,fp8,fields", [(1, False, {}), (4, False, WGMMA), (4, False, {**WGMMA, "SWAP_TMA": 1, "SWAP_CALL": 1}),
-                                              (32, False, {"SAMPLE": 1}), (1, True, WGMMA), (16, False, {})],
-                         ids=["b1", "b4-n16", "b4-n16-tma", "b32-sampling", "b1-w8a8-n16", "b16-mma-sync"])
+                                              (32, False, {"SAMPLE": 1, "ATTN_CALL": 1}), (1, True, WGMMA), (16, False, {})],
+                         ids=["b1", "b4-n16", "b4-n16-tma", "b32-sampling-attn-call", "b1-w8a8-n16", "b16-mma-sync"])
 def test_all_kernels_compile_for_sm90(batch, fp8, fields):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(DEVICE="cuda", PYTHONPATH=str(REPO))
@@ -66,7 +67,8 @@ def test_all_kernels_compile_for_sm90(batch, fp8, fields):
         # the weights-on-M tile called, not inlined, from the persistent kernel and the per-op kernels alike
         assert rows["megakernel"]["calls"] >= 1 and rows["qkv_kernel"]["calls"] >= 1, rows["megakernel"]
     else:
-        assert rows["megakernel"]["calls"] == (3 if fields.get("SAMPLE") else 0), rows["megakernel"]
+        assert rows["megakernel"]["calls"] == (3 if fields.get("SAMPLE") else 0) + fields.get("ATTN_CALL", 0), \
+            rows["megakernel"]
     if fields.get("SWAP_TMA"):
         # every projection's weights come by TMA copies
         for name in gemv:

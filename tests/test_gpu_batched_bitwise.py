@@ -63,11 +63,12 @@ def _parted(one: dict, other: dict) -> list[str]:
     return parted
 
 
-@pytest.mark.parametrize("field", ["SWAP_TMA", "SWAP_CALL"])
+@pytest.mark.parametrize("field", ["SWAP_TMA", "SWAP_CALL", "ATTN_CALL"])
 @pytest.mark.parametrize("batch", [8, 32])
 def test_tile_variants_equal_the_default_bitwise(batch, field):
-    """SWAP_TMA (the weights-on-M tile's weights by TMA) and SWAP_CALL (the tile called, not inlined)
-    give the same step on as off, bit for bit, in the persistent kernel and the per-op kernels:
+    """SWAP_TMA (the weights-on-M tile's weights by TMA), SWAP_CALL (the tile called, not inlined) and
+    ATTN_CALL (attention's tile called) give the same step on as off, bit for bit, in the persistent
+    kernel and the per-op kernels:
     the same weights reach the same MMA, the same code adds them."""
     model = _model("0.6b")
     prompt = _prompt(model.config.vocab_size, (batch, 24))
