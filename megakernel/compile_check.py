@@ -139,7 +139,7 @@ def _mma_kinds(ttgir: str) -> dict:
     (``ttng.warp_group_dot``, where the dot's M is a multiple of 64), ``mma_sync`` the dots left on
     the older warp-level MMA (``tt.dot`` on an ``nvidia_mma`` layout); ``tma`` the loads made TMA
     copies into shared memory (the plan's SWAP_TMA); ``calls`` the calls of functions not inlined (the
-    sampling tiles, and the weights-on-M tile with SWAP_CALL)."""
+    sampling tiles, the weights-on-M tile with SWAP_CALL, attention's with ATTN_CALL)."""
     import re
     return {"wgmma": len(re.findall(r"ttng\.warp_group_dot ", ttgir)), "mma_sync": len(re.findall(r"= tt\.dot ", ttgir)),
             "tma": len(re.findall(r"ttng\.async_tma_copy_global_to_local ", ttgir)),

@@ -211,10 +211,10 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                                 target, B, H, QKV_N, R_QKV, BK_H, SCALE_ROWS, True, SPIN, BT, tr, TRACE, kpart_ptr,
                                 kticks_ptr, SK_QKV, xs_ptr, xss_ptr)
             elif op == OP_ATTN:
-                seen = (attn_tile_called if ATTN_CALL else attn_tile)(t0, t1, layer, qkv_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, lengths_ptr, s,
-                                 k_cache_ptr, v_cache_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt, target,
-                                 KV_B, D, HQ, HKV, S, NSPLIT, BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, ATTN_NEW,
-                                 True, SPIN, tr, TRACE)
+                seen = (attn_tile_called if ATTN_CALL else attn_tile)(
+                    t0, t1, layer, qkv_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, lengths_ptr, s, k_cache_ptr,
+                    v_cache_ptr, opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt, target, KV_B, D, HQ, HKV, S,
+                    NSPLIT, BLOCK_S, D_PAD, G_PAD, NSPLIT_PAD, KV_STAGES, ATTN_NEW, True, SPIN, tr, TRACE)
             elif op == OP_OPROJ:
                 seen = oproj_tile(t0, t1, layer, attn_ptr, wo_ptr, wo_scale_ptr, x_ptr, cnt, target, B, H, HQ * D, R_O,
                                   BK_Q, SCALE_ROWS, True, SPIN, BT, tr, TRACE, POOL_O, claims, claims_base, kpart_ptr,

@@ -398,7 +398,7 @@ def test_batched_plan_rows(name, batch, workers):
         assert sk & (sk - 1) == 0 and k % sk == 0
         assert sk == 1 or (blocks * sk <= workers and (k // sk) % 128 == 0), (op, sk)
         more = 2 * sk
-        capped = batch >= 32 and more * more > k / (2 * batch)       # balanced-splits
+        capped = batch >= 32 and more * more > k / batch       # balanced-splits: past sqrt(K / 2B), rounded
         assert capped or blocks * more > workers or k % more or (k // more) % 128, (op, sk, "a split more would fit")
     by_row = dataclasses.replace(p, R_QKV=1, SK_QKV=1)     # qkv_group of a one-row tile: its row's kv head
     for t in range(p.tiles(Op.QKV)):
