@@ -153,7 +153,8 @@ class Plan:
     # 1: the persistent kernel calls the weights-on-M tile as a function instead of inlining it, so
     # its registers are allocated apart from the other tiles' (as the sampling tiles are)
     SWAP_CALL: int = 0
-    # 1: the persistent kernel calls attention's tile as a function (its own registers); untimed
+    # 1: the persistent kernel calls attention's tile as a function (its own registers): 1-2% faster
+    # beside the called mma.sync tile, level or slower on wgmma (docs/performance.md)
     ATTN_CALL: int = 0
     SAMPLE: int = 0     # 1: the sampling stages between the LM head and ARGMAX (sampling on the device)
     SAMPLE_CHUNK: int = 4096    # logits a sampling tile reads (instructions/sample.py), at most 64 a row
@@ -455,8 +456,8 @@ PLAN_RULES: tuple[Rule, ...] = (
          "to batch 16 on mma.sync: wgmma at N 16 costs the persistent kernel spills and shared memory"),
     Rule("called-to-16",
          lambda x, p: p.BATCHED == 2 and not p.MMA_V3,
-         lambda x, p: dict(SWAP_CALL=1),
-         "the mma.sync tile called, not inlined: its own registers, a third of the kernel's spills"),
+         lambda x, p: dict(SWAP_CALL=1, ATTN_CALL=1),
+         "the mma.sync tile and attention's called, not inlined: their own registers, a third of the spills"),
     Rule("pools",
          lambda x, p: x.B == 1 and not p.BATCHED and cost(p, Op.GATEUP, p.tiles(Op.GATEUP)) >= POOL_MIN_BYTES * x.workers,
          _pools,
