@@ -226,6 +226,7 @@ class MegaQwen3:
         # batch buckets (``step_slots``): smaller batches that step the first slots of this cache
         self.buckets = check_buckets(buckets, batch_size, self.tp)
         self.bucket = batch_size       # the batch the last step_slots ran
+        self._latest_launch: dict[int, SlotLaunch] = {}     # each backend's last launch_slots (by id)
         t0 = time.perf_counter()
         self._views = {n: SlotView(self, n, plan, backend_options) for n in self.buckets if n < batch_size}
         self.buckets_build_s = time.perf_counter() - t0   # their tapes (and, on a GPU, kernels) built
@@ -596,6 +597,16 @@ class MegaQwen3:
         is asked at once, so that a failed step never yields tokens. Several steps a launch feed
         each step's token to the next on the device: the greedy choice, unless the backend
         samples on the device."""
+        return self.launch_slots(active, steps, bucket).tokens()
+
+    @torch.no_grad()
+    def launch_slots(self, active: Sequence[int], steps: int = 1, bucket: int | None = None) -> "SlotLaunch":
+        """``step_slots`` without the wait: the launch is queued on the device and its tokens are
+        copied to the host as it ends; ``SlotLaunch.tokens()`` waits for them (and for nothing
+        queued after). A server queues the next launch before it reads this one's tokens, so the
+        device does not idle while the host hands them out: each step's pending token is already
+        on the device. The host's lengths count the launch at once, so a launch queued after it
+        is checked for room as if it had run."""
         active = set(active)
         n = self.bucket_for(active) if bucket is None else bucket
         if n not in self.buckets or (active and max(active) >= n):
@@ -610,24 +621,89 @@ class MegaQwen3:
             more = "another step" if steps == 1 else f"{steps} more steps"
             raise ValueError(f"{where} of max_seq_len {self.max_seq_len}: no room for {more}")
         view = self if n == self.batch_size else self._views[n]
+        start, t0 = None, time.perf_counter()
+        if self.tokens.device.type == "cuda":     # the device's start: after what is queued before it
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
         if steps == 1:
             view._decode()
         else:
             view._decode(steps)
-        check = getattr(view.backend, "synchronize", None)
-        if check is not None:
-            check()
+        out = self.tokens if steps == 1 else _launch_tokens(view.backend, steps)    # int32 [B] / [steps, n]
+        launch = SlotLaunch(self, view.backend, out, steps, start, time.perf_counter() - t0)
+        self._latest_launch[id(view.backend)] = launch
         self.bucket = n
         for b in range(n):
             self._lengths[b] = self._lengths[b] + steps if b in active else self.PARK_LENGTH
         parked = [b for b in range(n) if b not in active]
-        out = (self.tokens.long().cpu() if steps == 1 else
-               torch.cat((_launch_tokens(view.backend, steps).T.long().cpu(),
-                          torch.zeros(self.batch_size - n, steps, dtype=torch.long))))
         if parked:
             self.cache.lengths[parked] = self.PARK_LENGTH
             self.tokens[parked] = 0
-        return out
+        return launch
+
+
+class SlotLaunch:
+    """A launch of ``MegaQwen3.launch_slots``: its tokens, copied to the host behind it (on a GPU
+    without waiting), and its kernel errors asked for when they are read."""
+
+    def __init__(self, mk: MegaQwen3, backend, out: torch.Tensor, steps: int, start, wall: float):
+        self._mk, self._backend, self.steps = mk, backend, steps
+        self._start, self._wall, self._event = start, wall, None
+        if out.device.type == "cuda":
+            self._host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+            self._host.copy_(out, non_blocking=True)
+            self._event = torch.cuda.Event(enable_timing=start is not None)
+            self._event.record()
+        else:
+            self._host = out.clone()
+        self._result: torch.Tensor | None = None
+
+    def seconds(self) -> float:
+        """The launch's time: on a GPU the device's, from its start to its tokens' copy (after
+        ``tokens()``); else the launch call's."""
+        if self._event is None or self._start is None:
+            return self._wall
+        return self._start.elapsed_time(self._event) / 1e3
+
+    def done(self) -> bool:
+        """Whether the launch has ended (its tokens can be read without waiting)."""
+        return self._event is None or self._event.query()
+
+    def tokens(self) -> torch.Tensor:
+        """The launch's tokens as ``step_slots`` returns them: LongTensor [B] for one step, [B,
+        steps] for several. Waits for this launch only. Its kernel errors are asked for here where
+        it was its backend's last launch; a later launch of the same backend has already read them
+        (a step's error word is read during the next launch), and raised if there was one."""
+        if self._result is not None:
+            return self._result
+        if self._event is not None:
+            self._event.synchronize()
+        latest = self._mk._latest_launch
+        if latest.get(id(self._backend)) is self:
+            check = getattr(self._backend, "synchronize", None)
+            if check is not None:
+                check()
+            del latest[id(self._backend)]
+        host = self._host.long()
+        if self.steps > 1:
+            host = host.T
+            host = torch.cat((host, torch.zeros(self._mk.batch_size - host.shape[0], self.steps, dtype=torch.long)))
+        self._result = host
+        return host
+
+
+class EndedLaunch:
+    """A launch that has already ended, as ``SlotLaunch`` (a runtime whose ranks step together)."""
+
+    def __init__(self, tokens: torch.Tensor):
+        self._tokens = tokens
+        self.steps = tokens.shape[1] if tokens.dim() == 2 else 1
+
+    def done(self) -> bool:
+        return True
+
+    def tokens(self) -> torch.Tensor:
+        return self._tokens
 
 
 class SlotView:

@@ -440,6 +440,11 @@ class Leader:
             return attr(*args, **kwargs)
         return call
 
+    def launch_slots(self, *args, **kwargs):
+        """``step_slots`` on every rank, ended: the ranks step together, so no launch is left queued."""
+        from .runtime import EndedLaunch
+        return EndedLaunch(self.step_slots(*args, **kwargs))
+
     def stop(self):
         """Let the other ranks' ``follow`` return."""
         self._group.send_call(None)

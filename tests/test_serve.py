@@ -119,12 +119,12 @@ def serving(folder: Path, step_delay: float = 0.0, **build_kwargs):
     build_kwargs.setdefault("backend", "reference")
     app, engine, config, codec = build(model, **build_kwargs)
     if step_delay:
-        step = engine.mk.step_slots
+        launch = engine.mk.launch_slots
 
         def slowed(active, *args, **kwargs):
             time.sleep(step_delay)
-            return step(active, *args, **kwargs)
-        engine.mk.step_slots = slowed
+            return launch(active, *args, **kwargs)
+        engine.mk.launch_slots = slowed
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
@@ -282,9 +282,9 @@ def test_concurrent_clients_get_their_solo_text(server, monkeypatch):
     alone = [post(server, "/v1/completions", r).json()["choices"][0] for r in reqs]
 
     widths = []
-    step = server.engine.mk.step_slots
-    monkeypatch.setattr(server.engine.mk, "step_slots",
-                        lambda active, *a, **k: (widths.append(len(active)), step(active, *a, **k))[1])
+    launch = server.engine.mk.launch_slots
+    monkeypatch.setattr(server.engine.mk, "launch_slots",
+                        lambda active, *a, **k: (widths.append(len(active)), launch(active, *a, **k))[1])
 
     async def one(client, i):
         if i % 2:

@@ -56,9 +56,9 @@ class Recorder:
     def __init__(self, engine, delay: float = 0.0):
         self.log: list[tuple] = []
         mk = engine.mk
-        step, prefill, move = mk.step_slots, mk.prefill_slots, mk.move_slot
+        step, prefill, move = mk.launch_slots, mk.prefill_slots, mk.move_slot
 
-        def step_slots(active, steps=1, **kw):
+        def launch_slots(active, steps=1, **kw):
             if delay:
                 time.sleep(delay)
             out = step(active, steps, **kw)
@@ -72,7 +72,7 @@ class Recorder:
         def move_slot(src, dst):
             self.log.append(("move", src, dst))
             return move(src, dst)
-        mk.step_slots, mk.prefill_slots, mk.move_slot = step_slots, prefill_slots, move_slot
+        mk.launch_slots, mk.prefill_slots, mk.move_slot = launch_slots, prefill_slots, move_slot
 
     def of(self, kind: str) -> list[tuple]:
         return [e for e in self.log if e[0] == kind]
@@ -273,7 +273,7 @@ def test_requests_arriving_during_a_multi_step_launch_are_all_answered(ids_ckpt)
     with serving(ids_ckpt.folder, batch_size=8, max_seq_len=MAX_SEQ_LEN, **MULTI) as s:
         rec = Recorder(s.engine)
         mk = s.engine.mk
-        step = mk.step_slots
+        step = mk.launch_slots
         arrivals = prompts(ids_ckpt.vocab, 6, salt=7)
         results: dict[int, list[int]] = {}
         fired = threading.Event()
@@ -282,7 +282,7 @@ def test_requests_arriving_during_a_multi_step_launch_are_all_answered(ids_ckpt)
         def send(i):
             results[i] = complete(s, arrivals[i], 6 + i)
 
-        def step_slots(active, steps=1, **kw):
+        def launch_slots(active, steps=1, **kw):
             if steps > 1 and not fired.is_set():      # the first multi-step launch: send them now
                 fired.set()
                 senders.extend(threading.Thread(target=send, args=(i,)) for i in range(len(arrivals)))
@@ -291,7 +291,7 @@ def test_requests_arriving_during_a_multi_step_launch_are_all_answered(ids_ckpt)
                 wait_for(lambda: health(s)["queued"] == len(arrivals), what="the arrivals to queue")
                 rec.log.append(("arrived",))
             return step(active, steps, **kw)
-        mk.step_slots = step_slots
+        mk.launch_slots = launch_slots
 
         first = prompts(ids_ckpt.vocab, 1, salt=8)[0]
         assert complete(s, first, 30) == ids_ckpt.alone(first, 30)
@@ -401,17 +401,17 @@ def test_first_tokens_go_out_before_the_launch_that_follows(ids_ckpt):
     engine = Engine(mk, Metrics(4, 8), max_launch_ms=20)
     engine.step_s = {n: 0.0001 for n in mk.buckets}
     order = []
-    step_slots, deliver = mk.step_slots, engine._deliver
+    launch_slots, deliver = mk.launch_slots, engine._deliver
 
     def step(*args, **kw):
         order.append("launch")
-        return step_slots(*args, **kw)
+        return launch_slots(*args, **kw)
 
     def hand_out(events):
         order.append([type(ev).__name__ for _, ev in events])
         deliver(events)
 
-    mk.step_slots, engine._deliver = step, hand_out
+    mk.launch_slots, engine._deliver = step, hand_out
 
     async def turn():
         req = Request([prompts(ids_ckpt.vocab, 1, 7)[0]], GenParams(SamplingParams(), 8), lambda ids: "")
@@ -422,3 +422,67 @@ def test_first_tokens_go_out_before_the_launch_that_follows(ids_ckpt):
     req = asyncio.run(turn())
     assert order[:2] == [["Delta"], "launch"], order
     assert len(req.seqs[0].out_ids) > 1      # the launch ran several steps after the first token
+
+
+@pytest.mark.parametrize("backend,opts", [("reference", {"steps_per_launch": 8}), ("megakernel", {"max_bk": 32})],
+                         ids=["reference", "megakernel"])
+def test_a_launch_queued_before_the_last_is_read(ids_ckpt, backend, opts):
+    """``launch_slots`` queues a launch without waiting for it: each launch's tokens stay its own
+    though the next launch rewrites the step's buffers before they are read, and a slot freed and
+    moved between two launches (its sequence ended in the first) takes its place behind them."""
+    ps = prompts(ids_ckpt.vocab, 3, salt=12)
+    want = [ids_ckpt.alone(p, 7) for p in ps]
+    mk = MegaQwen3(ids_ckpt.model, max_seq_len=MAX_SEQ_LEN, batch_size=4, backend=backend, buckets=(1, 2), **opts)
+    mk.reset_slots()
+    mk.prefill_slots([0, 1, 2], ps)
+    first = mk.launch_slots([0, 1, 2], steps=2)           # bucket 4
+    second = mk.launch_slots([0, 1, 2], steps=2)          # queued before the first is read
+    mk.free_slot(1)
+    mk.move_slot(2, 1)
+    third = mk.launch_slots([0, 1], steps=2)              # bucket 2
+    assert first.tokens()[:3].tolist() == [w[1:3] for w in want]
+    assert second.tokens()[:3].tolist() == [w[3:5] for w in want]
+    assert third.tokens()[:2].tolist() == [want[0][5:7], want[2][5:7]]
+    assert mk.bucket == 2 and third.done()
+
+
+def test_the_next_launch_is_queued_before_the_last_ones_tokens_are_read(ids_ckpt):
+    """With every sequence greedy and nobody waiting, the engine queues the next launch before it
+    reads the last one's tokens. A sequence that a stop id ends in the launch read has run on in
+    the queued one: those tokens are dropped, and both requests get their solo tokens."""
+    from megakernel.serve.engine import Engine, GenParams, Request
+    from megakernel.serve.metrics import Metrics
+    from models.qwen3.sampling import SamplingParams
+    mk = MegaQwen3(ids_ckpt.model, max_seq_len=MAX_SEQ_LEN, batch_size=2, backend="reference", buckets=(1,),
+                   steps_per_launch=8)
+    engine = Engine(mk, Metrics(2, 8), max_launch_ms=60_000)
+    engine.step_s = {n: 0.001 for n in mk.buckets}
+    log = []
+    launch = mk.launch_slots
+
+    def logged(active, steps=1, **kw):
+        handle = launch(active, steps, **kw)
+        i = sum(e[0] == "launch" for e in log)
+        log.append(("launch", i))
+        read = handle.tokens
+        handle.tokens = lambda: (log.append(("read", i)), read())[1]
+        return handle
+    mk.launch_slots = logged
+    a, b = prompts(ids_ckpt.vocab, 2, salt=13)
+    want_a, want_b = ids_ckpt.alone(a, 30), ids_ckpt.alone(b, 30)
+    # b's stop: a token that first comes after its first token, in a launch (8 steps) not its last
+    j = next(i for i in range(1, 25) if want_b[i] not in want_b[:i])
+
+    async def serve():
+        ra = Request([a], GenParams(SamplingParams(), 30), lambda ids: "")
+        rb = Request([b], GenParams(SamplingParams(), 30, stop_ids=frozenset({want_b[j]})), lambda ids: "")
+        engine.queue.extend(ra.seqs + rb.seqs)
+        while not (ra.done and rb.done):
+            engine._turn([])
+        return ra.seqs[0], rb.seqs[0]
+    sa, sb = asyncio.run(serve())
+    assert sa.out_ids == want_a and sa.finish_reason == "length"
+    assert sb.out_ids == want_b[:j + 1] and sb.finish_reason == "stop"
+    m = (j - 1) // 8        # the launch that gave b's stop: the next was queued before it was read
+    assert log.index(("launch", m + 1)) < log.index(("read", m)), log
+    assert all(log.index(("launch", i + 1)) < log.index(("read", i)) for i in range(3)), log

@@ -22,6 +22,15 @@ The step fits the load:
   ``MegaQwen3.generate`` drops them. Multi-step launches need every active sequence greedy, or
   a runtime that samples on the device (``mk.device_sampling``); otherwise sampled sequences draw
   on the host from each step's logits, one step a launch.
+- **The next launch queued.** Where every active sequence's next token is chosen on the device
+  (greedy, or sampled there), the next launch is queued shortly (``CHAIN_LEAD_S``) before the one
+  in flight should end, and that one's tokens are read and handed out while it runs
+  (``MegaQwen3.launch_slots``): the device does not wait for the host's token handling between
+  launches. A request or a cancellation that arrives before
+  that point stops the chain, so it still waits for at most the launch in flight. A sequence that
+  a stop ends in the launch read has run on in the queued one: those tokens are dropped; slots
+  freed and moved meanwhile are moved behind the queued launch on the device, so its rows stay
+  its sequences'.
 - **Admission in one pass.** Queued prompts are prefilled together in one packed prefill
   (``MegaQwen3.prefill_slots``). While others run, one admission prefills at most
   ``max_batched_tokens`` prompt tokens (at least one prompt), so that the running sequences wait
@@ -47,6 +56,8 @@ from typing import Callable
 import torch
 
 from models.qwen3.sampling import SamplingParams, sample
+
+from ..runtime import EndedLaunch
 
 from .metrics import Metrics
 from .text import Detokenizer
@@ -132,6 +143,10 @@ class Sequence:
 
 
 class Engine:
+    # a launch queued behind the one in flight is queued this long before that one should end: the
+    # host's launch call must land before the device idles
+    CHAIN_LEAD_S = 0.002
+
     def __init__(self, mk, metrics: Metrics, max_queue: int = 256, max_launch_ms: float = 20.0,
                  max_batched_tokens: int = 2048):
         if max_launch_ms <= 0:
@@ -396,9 +411,14 @@ class Engine:
         sp = seq.req.params.sampling
         return SamplingParams(sp.temperature, sp.top_k, sp.top_p, None if sp.seed is None else sp.seed + seq.choice)
 
-    def _launch_steps(self, n: int) -> int:
-        """Steps the next launch runs for the n active sequences (module doc)."""
+    def _launch_steps(self, n: int, inflight: int = 0) -> int:
+        """Steps the next launch runs for the n active sequences (module doc), queued behind a
+        launch of ``inflight`` steps not yet read (0: none); 0 where a sequence ends within those."""
         mk = self.mk
+        seqs = self.slots[:n]
+        left = min(s.req.params.max_tokens - len(s.out_ids) for s in seqs) - inflight
+        if inflight and left < 1:
+            return 0
         bucket = mk.bucket_for(range(n)) if hasattr(mk, "bucket_for") else self.batch_size
         most = mk.slot_steps_per_launch(bucket) if hasattr(mk, "slot_steps_per_launch") else 1
         if most <= 1:
@@ -406,24 +426,70 @@ class Engine:
         with self.cv:
             if self.queue and n < self.batch_size:
                 return 1        # someone waits for a free slot: admit at the next turn
-        seqs = self.slots[:n]
         if not self.device_sampling and not all(s.req.params.sampling.greedy for s in seqs):
             return 1
-        k = min(most, min(s.req.params.max_tokens - len(s.out_ids) for s in seqs),
-                mk.max_seq_len - mk.PARK_LENGTH)
+        k = min(most, left, mk.max_seq_len - mk.PARK_LENGTH)
         step = self.step_s.get(bucket)
         if step:
             k = min(k, int(self.max_launch_s / step + 1e-6))
         return max(1, k)
 
     def _decode(self, n: int, events: list):
+        """Launches until the host is needed between two (module doc, "The next launch queued"):
+        each one's tokens are handed out while the next runs."""
+        launch = self._launch(n, self._launch_steps(n))
+        while launch is not None:
+            nxt = self._chain(launch)
+            self._take(launch, events)
+            if nxt is not None:
+                self._deliver(events)
+                events.clear()
+            launch = nxt
+
+    def _launch(self, n: int, k: int) -> "_InFlight":
         mk = self.mk
-        k = self._launch_steps(n)
-        seqs = self.slots[:n]
-        t0 = time.perf_counter()
         active = list(range(n))      # the lowest slots (compaction)
-        tokens = mk.step_slots(active, steps=k) if k > 1 else mk.step_slots(active)
-        rows = tokens[:n].tolist()
+        called = time.perf_counter()
+        if hasattr(mk, "launch_slots"):
+            handle = mk.launch_slots(active, steps=k) if k > 1 else mk.launch_slots(active)
+        else:
+            handle = EndedLaunch(mk.step_slots(active, steps=k) if k > 1 else mk.step_slots(active))
+        return _InFlight(handle, self.slots[:n], k, getattr(mk, "bucket", self.batch_size), called,
+                         time.perf_counter())
+
+    def _chain(self, cur: "_InFlight") -> "_InFlight | None":
+        """The next launch, queued behind ``cur`` before its tokens are read, where the host is not
+        needed between them; None where it is."""
+        n = self.count       # those of cur that the last tokens read did not end (compacted)
+        if not n:
+            return None
+        if not self.device_sampling and not all(s.req.params.sampling.greedy for s in self.slots[:n]):
+            return None      # the host draws each step's token
+        if not self._wait_to_chain(cur):
+            return None
+        k = self._launch_steps(n, inflight=cur.k)
+        return self._launch(n, k) if k else None
+
+    def _wait_to_chain(self, cur: "_InFlight") -> bool:
+        """Wait until shortly before ``cur`` should end (its steps at the bucket's measured step
+        time, less ``CHAIN_LEAD_S``), then say whether the next launch may be queued behind it: not
+        where a request waits for a free slot, a client went away or the engine stops. Those need
+        the host between launches, so they still wait for at most the launch in flight."""
+        step = self.step_s.get(cur.bucket)
+        end = cur.t0 + cur.k * step - self.CHAIN_LEAD_S if step and not cur.handle.done() else 0.0
+        with self.cv:
+            while True:
+                if self.stopping or self._cancels or (self.queue and self.count < self.batch_size):
+                    return False
+                left = end - time.perf_counter()
+                if left <= 0:
+                    return True
+                self.cv.wait(left)
+
+    def _take(self, launch: "_InFlight", events: list):
+        """Read ``launch``'s tokens and hand them to its sequences (those still running)."""
+        n, k, seqs = len(launch.seqs), launch.k, launch.seqs
+        rows = launch.handle.tokens()[:n].tolist()
         if k == 1:
             rows = [[t] for t in rows]
             sampled = [b for b in range(n) if not seqs[b].req.params.sampling.greedy]
@@ -431,15 +497,16 @@ class Engine:
                 for b, t in self._sample(sampled).items():
                     rows[b] = [t]
         now = time.perf_counter()
-        bucket = getattr(mk, "bucket", self.batch_size)
-        per_step = (now - t0) / k
+        # the device's time where the runtime gives it, else the launch call's (it waited for the launch)
+        seconds = launch.handle.seconds() if hasattr(launch.handle, "seconds") else launch.t0 - launch.called
+        per_step = seconds / k
         # the bucket's step time, followed as contexts grow (it bounds the next launches)
-        old = self.step_s.get(bucket)
-        self.step_s[bucket] = per_step if old is None else 0.8 * old + 0.2 * per_step
+        old = self.step_s.get(launch.bucket)
+        self.step_s[launch.bucket] = per_step if old is None else 0.8 * old + 0.2 * per_step
         self.last_steps = k
         m = self.metrics
         m.step.observe(per_step)
-        m.bucket.set(bucket)
+        m.bucket.set(launch.bucket)
         m.launch_steps.set(k)
         for seq, row in zip(seqs, rows):     # by sequence: a finish below moves slots
             self._accept(seq, row, now, events)
@@ -592,6 +659,19 @@ class Engine:
                 loop.call_soon_threadsafe(_put_all, items)
             except RuntimeError:   # the loop has closed (shutdown): nobody is listening
                 pass
+
+
+@dataclass
+class _InFlight:
+    """A decode launch not yet read: its sequences by row (slots may move before it is read), its
+    steps and bucket, and when the host's launch call began and returned (on a GPU about when the
+    launch began to run: the megakernel's launch call waits for the launch before it)."""
+    handle: object
+    seqs: list
+    k: int
+    bucket: int
+    called: float
+    t0: float
 
 
 def _put_all(items):
