@@ -635,10 +635,16 @@ class MegaQwen3:
         self.bucket = n
         for b in range(n):
             self._lengths[b] = self._lengths[b] + steps if b in active else self.PARK_LENGTH
-        parked = [b for b in range(n) if b not in active]
-        if parked:
-            self.cache.lengths[parked] = self.PARK_LENGTH
-            self.tokens[parked] = 0
+        # parked again by slices: a list index is copied to the device, which waits for the launch
+        b = 0
+        while b < n:
+            if b in active:
+                b += 1
+                continue
+            end = next((e for e in range(b, n) if e in active), n)
+            self.cache.lengths[b:end] = self.PARK_LENGTH
+            self.tokens[b:end] = 0
+            b = end
         return launch
 
 
