@@ -446,6 +446,25 @@ def test_a_launch_queued_before_the_last_is_read(ids_ckpt, backend, opts):
     assert mk.bucket == 2 and third.done()
 
 
+def test_idle_slots_between_active_ones_are_parked_after_a_launch(ids_ckpt):
+    """A bucket's idle slots, wherever they lie among the active ones, run parked and are parked
+    again after the launch (length PARK_LENGTH, token 0), while the active slots go on as alone."""
+    ps = prompts(ids_ckpt.vocab, 4, salt=14)
+    mk = MegaQwen3(ids_ckpt.model, max_seq_len=MAX_SEQ_LEN, batch_size=4, backend="reference", buckets=(1, 2),
+                   steps_per_launch=4)
+    mk.reset_slots()
+    mk.prefill_slots([0, 1, 2, 3], ps)
+    mk.free_slot(1)
+    mk.free_slot(3)
+    out = mk.launch_slots([0, 2], steps=3).tokens()
+    assert mk.bucket == 4
+    assert out[0].tolist() == ids_ckpt.alone(ps[0], 4)[1:] and out[2].tolist() == ids_ckpt.alone(ps[2], 4)[1:]
+    park = mk.PARK_LENGTH
+    assert [mk.cache.lengths[b].item() for b in (1, 3)] == [park, park] == [mk._lengths[b] for b in (1, 3)]
+    assert [mk.tokens[b].item() for b in (1, 3)] == [0, 0]
+    assert mk.cache.lengths[0].item() == len(ps[0]) + 3 and mk.cache.lengths[2].item() == len(ps[2]) + 3
+
+
 def test_the_next_launch_is_queued_before_the_last_ones_tokens_are_read(ids_ckpt):
     """With every sequence greedy and nobody waiting, the engine queues the next launch before it
     reads the last one's tokens. A sequence that a stop id ends in the launch read has run on in
