@@ -61,14 +61,15 @@ def _kv_block(kc_ptr, vc_ptr, coff, start, kv_end, dd, dmask, D: tl.constexpr, B
 
 @triton.jit
 def _split_range(t, layer, lengths_ptr, step, KV_B: tl.constexpr, D: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
-                 NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, NEW: tl.constexpr):
+                 NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, NEW: tl.constexpr, P: tl.constexpr):
     """Tile t's split: where it starts, where its cached positions end (the new one is not
     cached yet), the cache offset of its (b, g), the new position (the split is empty this step
     when it starts after it; with NEW, split 0 starts at it) and the split length this step.
     ``step``: the step within the launch (lengths advance only at the launch's end); ``KV_B``: the
-    cache's allocated batch (the plan's), its layer stride in sequences."""
-    g = (t // NSPLIT) % HKV
-    b = t // (NSPLIT * HKV)
+    cache's allocated batch (the plan's), its layer stride in sequences. With P (ATTN_PAIR) 2 the
+    tile's g is the first of its two kv heads."""
+    g = ((t // NSPLIT) % (HKV // P)) * P
+    b = t // (NSPLIT * (HKV // P))
     pos = tl.load(lengths_ptr + b) + step
     if NEW:
         # split 0: the new position alone; splits 1..: the cached positions [0, pos) (at least a
@@ -105,7 +106,8 @@ def _n_active(pos, chunk, NSPLIT: tl.constexpr, NEW: tl.constexpr):
 
 @triton.jit
 def _attend(qd, kt, vt, valid, m, l, acc, scale, DOT: tl.constexpr):
-    """Online-softmax update of (max m, sum l, output acc) [QM] with one block of keys and values:
+    """Online-softmax update of (max m, sum l, output acc) [QM] with one block of keys and values
+    (``valid``: which scores count, [1 or QM, block]):
     scores = q K^T and acc += p V are ``tl.dot`` on the cache's dtype (else fp32 products), the
     softmax is fp32. A block with no valid position leaves (m, l, acc) as they were (m may stay
     -inf)."""
@@ -113,7 +115,7 @@ def _attend(qd, kt, vt, valid, m, l, acc, scale, DOT: tl.constexpr):
         sc = tl.dot(qd, tl.trans(kt), input_precision="ieee") * scale    # [QM, BLOCK_S]
     else:
         sc = tl.sum(qd[:, None, :] * kt.to(tl.float32)[None, :, :], axis=2) * scale
-    sc = tl.where(valid[None, :], sc, float("-inf"))
+    sc = tl.where(valid, sc, float("-inf"))
     m_new = tl.maximum(m, tl.max(sc, axis=1))
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp(m - m_ref)
@@ -127,30 +129,48 @@ def _attend(qd, kt, vt, valid, m, l, acc, scale, DOT: tl.constexpr):
 
 
 @triton.jit
+def _q_rows(qkv_ptr, b, qoff, pos, inv_freq, dd, pd, gmask, N: tl.constexpr):
+    """Sequence b's q rows at ``qoff`` in its QKV row, their rotate_half partners, RoPE's cos and
+    sin at position pos, and the row's base."""
+    ang = pos.to(tl.float32) * inv_freq
+    cos = tl.cos(ang)
+    sin = tl.sin(ang)
+    base = qkv_ptr + b * N
+    q = tl.load(base + qoff + dd[None, :], mask=gmask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    qp = tl.load(base + qoff + pd[None, :], mask=gmask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    return q, qp, cos, sin, base
+
+
+@triton.jit
 def _split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr, tickets_ptr,
            attn_ptr, eps, inv_freq, qn, qn_p, kn, kn_p, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
            NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, W: tl.constexpr, D_PAD: tl.constexpr,
            G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr, NEW: tl.constexpr, tr,
-           TRACE: tl.constexpr):
+           TRACE: tl.constexpr, P: tl.constexpr, S: tl.constexpr):
     """Tile t = split s of (b, g), given the first block (kt, vt) of its cached positions
     [lo, kv_end) (all masked when the split has none), walked in blocks of W positions. A split
     past the current length has no positions this step: it only takes its ticket (and combines if
-    it is the last). (lo, kv_end, coff, pos, chunk) come from ``_split_range``."""
-    g = (t // NSPLIT) % HKV
-    b = t // (NSPLIT * HKV)
-    n_act = _n_active(pos, chunk, NSPLIT, NEW)    # splits holding positions this step: s < n_act
-    if _active(t, lo, pos, NSPLIT, NEW):
-        _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr, eps,
-                      inv_freq, qn, qn_p, kn, kn_p, D, HQ, HKV, NSPLIT, BLOCK_S, W, D_PAD, G_PAD, NSTAGE,
-                      NEW, tr, TRACE, attn_ptr)
-    if NSPLIT > 1:
-        # publish the partial (an empty split has none), take a ticket; the last split of this step
-        # combines the active ones (one split holds every position and wrote its output itself)
-        tl.debug_barrier()
-        ticket = tl.atomic_add(tickets_ptr + b * HKV + g, 1, sem="acq_rel", scope="gpu")
-        stamp(tr, T_FIRST, ticket, TRACE)
-        if ticket % NSPLIT == NSPLIT - 1:
-            reduce_group(b, g, n_act, opart_ptr, ml_ptr, attn_ptr, D, HQ, HKV, NSPLIT, D_PAD, G_PAD, NSPLIT_PAD)
+    it is the last). (lo, kv_end, coff, pos, chunk) come from ``_split_range``. With P 2 the tile
+    is kv heads g and g + 1 of one split (``_attend_pair``)."""
+    if P == 2:
+        _attend_pair(t, kt, vt, kv_end, coff, pos, qkv_ptr, kc_ptr, vc_ptr, attn_ptr, eps, inv_freq, qn, qn_p, kn,
+                     kn_p, D, HQ, HKV, S, W, D_PAD, G_PAD, NSTAGE, tr, TRACE)
+    else:
+        g = (t // NSPLIT) % HKV
+        b = t // (NSPLIT * HKV)
+        n_act = _n_active(pos, chunk, NSPLIT, NEW)    # splits holding positions this step: s < n_act
+        if _active(t, lo, pos, NSPLIT, NEW):
+            _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr, eps,
+                          inv_freq, qn, qn_p, kn, kn_p, D, HQ, HKV, NSPLIT, BLOCK_S, W, D_PAD, G_PAD, NSTAGE,
+                          NEW, tr, TRACE, attn_ptr)
+        if NSPLIT > 1:
+            # publish the partial (an empty split has none), take a ticket; the last split of this
+            # step combines the active ones (one split holds every position and wrote its output itself)
+            tl.debug_barrier()
+            ticket = tl.atomic_add(tickets_ptr + b * HKV + g, 1, sem="acq_rel", scope="gpu")
+            stamp(tr, T_FIRST, ticket, TRACE)
+            if ticket % NSPLIT == NSPLIT - 1:
+                reduce_group(b, g, n_act, opart_ptr, ml_ptr, attn_ptr, D, HQ, HKV, NSPLIT, D_PAD, G_PAD, NSPLIT_PAD)
 
 
 @triton.jit
@@ -179,13 +199,7 @@ def _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_p
     g = (t // NSPLIT) % HKV
     b = t // (NSPLIT * HKV)
     hi = tl.minimum(lo + chunk, pos + 1)
-    ang = pos.to(tl.float32) * inv_freq
-    cos = tl.cos(ang)
-    sin = tl.sin(ang)
-    base = qkv_ptr + b * N
-    qoff = (g * G + hg)[:, None] * D
-    q = tl.load(base + qoff + dd[None, :], mask=gmask, other=0.0, cache_modifier=".cg").to(tl.float32)
-    qp = tl.load(base + qoff + pd[None, :], mask=gmask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    q, qp, cos, sin, base = _q_rows(qkv_ptr, b, (g * G + hg)[:, None] * D, pos, inv_freq, dd, pd, gmask, N)
     # the new key and value: loaded with q so that all of this tile's reads are in flight at once
     kb = base + HQ * D + g * D
     k = tl.load(kb + dd, mask=dmask, other=0.0, cache_modifier=".cg").to(tl.float32)
@@ -207,15 +221,15 @@ def _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_p
     if NEW:
         newtok = s == 0
         if lo < kv_end:     # split 0 has no cached positions: no block math at all
-            m, l, acc = _attend(qd, kt, vt, lo + tl.arange(0, W) < kv_end, m, l, acc, scale, DOT)
+            m, l, acc = _attend(qd, kt, vt, (lo + tl.arange(0, W) < kv_end)[None, :], m, l, acc, scale, DOT)
     else:
         newtok = (pos >= lo) & (pos < hi)
-        m, l, acc = _attend(qd, kt, vt, lo + tl.arange(0, W) < kv_end, m, l, acc, scale, DOT)
+        m, l, acc = _attend(qd, kt, vt, (lo + tl.arange(0, W) < kv_end)[None, :], m, l, acc, scale, DOT)
     # the rest of the split: the software pipeline issues the loads of the next NSTAGE - 1
     # blocks before this block's math (double buffering, in shared memory)
     for start in tl.range(lo + W, kv_end, W, num_stages=NSTAGE):
         kb_s, vb_s = _kv_block(kc_ptr, vc_ptr, coff, start, kv_end, dd, dmask, D, W)
-        m, l, acc = _attend(qd, kb_s, vb_s, start + tl.arange(0, W) < kv_end, m, l, acc, scale, DOT)
+        m, l, acc = _attend(qd, kb_s, vb_s, (start + tl.arange(0, W) < kv_end)[None, :], m, l, acc, scale, DOT)
     if newtok:
         # the new token: append its key and value, and attend to it from registers
         kr = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / D + eps)
@@ -244,16 +258,113 @@ def _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_p
 
 
 @triton.jit
+def _kv_pair_block(kc_ptr, vc_ptr, coff, start, kv_end, dd, dmask, D: tl.constexpr, S: tl.constexpr,
+                   W: tl.constexpr):
+    """Two kv heads' cached keys and values of positions [start, start + W) below kv_end, stacked:
+    rows [0, W) head g's (at coff), rows [W, 2 W) head g + 1's (S * D further on); zeros elsewhere."""
+    r = tl.arange(0, 2 * W)
+    kpos = start + r % W
+    mask = (kpos < kv_end)[:, None] & dmask[None, :]
+    off = coff + (r // W).to(tl.int64)[:, None] * (S * D) + kpos[:, None] * D + dd[None, :]
+    return (tl.load(kc_ptr + off, mask=mask, other=0.0, cache_modifier=W_CACHE),
+            tl.load(vc_ptr + off, mask=mask, other=0.0, cache_modifier=W_CACHE))
+
+
+@triton.jit
+def _attend_pair(t, kt, vt, kv_end, coff, pos, qkv_ptr, kc_ptr, vc_ptr, attn_ptr, eps, inv_freq, qn, qn_p, kn, kn_p,
+                 D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, W: tl.constexpr,
+                 D_PAD: tl.constexpr, G_PAD: tl.constexpr, NSTAGE: tl.constexpr, tr, TRACE: tl.constexpr):
+    """Tile t of ATTN_PAIR 2 (one split): kv heads g and g + 1 of sequence b over every position,
+    as ``_attend_split`` does one, in one pass. Their q rows share one dot operand (head g's in
+    the first half, g + 1's in the second) and their cache blocks one stacked block (``_kv_pair_block``),
+    so both heads' loads are in flight at once; a score between a row and the other head's keys is
+    masked out, so each row's softmax and output are its own head's. Writes o / l into ``attn``."""
+    G: tl.constexpr = HQ // HKV
+    N: tl.constexpr = (HQ + 2 * HKV) * D
+    HALF: tl.constexpr = D // 2
+    G2: tl.constexpr = 2 * G_PAD                      # q rows of the two heads (padded)
+    QM: tl.constexpr = G2 if (G2 > 16 or not DOT) else 16
+    R: tl.constexpr = QM // G2
+    dd = tl.arange(0, D_PAD)
+    dmask = dd < D
+    pd = (dd + HALF) % D
+    sign = tl.where(dd < HALF, -1.0, 1.0)
+    hg = tl.arange(0, G2)
+    head = (hg // G_PAD) * G + hg % G_PAD            # q head within the pair's 2 G
+    gmask = (hg % G_PAD < G)[:, None] & dmask[None, :]
+    hh = tl.arange(0, QM)
+    hmask = (hh % R == 0) & ((hh // R) % G_PAD < G)
+    qhead = (hh // R // G_PAD) * G + (hh // R) % G_PAD   # each operand row's q head within the pair
+    qgrp = hh // R // G_PAD                           # and its kv head: 0 (g) or 1 (g + 1)
+    scale = 1.0 / tl.sqrt(D * 1.0)
+    g = ((t % (HKV // 2)) * 2)
+    b = t // (HKV // 2)
+    q, qp, cos, sin, base = _q_rows(qkv_ptr, b, (g * G + head)[:, None] * D, pos, inv_freq, dd, pd, gmask, N)
+    kb = base + HQ * D + g * D
+    vb = base + (HQ + HKV) * D + g * D
+    k0 = tl.load(kb + dd, mask=dmask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    k0p = tl.load(kb + pd, mask=dmask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    k1 = tl.load(kb + D + dd, mask=dmask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    k1p = tl.load(kb + D + pd, mask=dmask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    v0 = tl.load(vb + dd, mask=dmask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    v1 = tl.load(vb + D + dd, mask=dmask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    qr = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / D + eps)
+    stamp(tr, T_INPUT, tl.sum(qr, axis=0), TRACE)
+    q = (q * qr[:, None] * qn[None, :]) * cos[None, :] + \
+        sign[None, :] * (qp * qr[:, None] * qn_p[None, :]) * sin[None, :]
+    if DOT:
+        qd = tl.reshape(tl.broadcast_to(q.to(kc_ptr.dtype.element_ty)[:, None, :], [G2, R, D_PAD]), [QM, D_PAD])
+    else:
+        qd = q
+    m = tl.full([QM], float("-inf"), tl.float32)
+    l = tl.zeros([QM], tl.float32)
+    acc = tl.zeros([QM, D_PAD], tl.float32)
+    r = tl.arange(0, 2 * W)
+    own = qgrp[:, None] == (r // W)[None, :]         # a row scores only its own head's keys
+    m, l, acc = _attend(qd, kt, vt, own & ((r % W) < kv_end)[None, :], m, l, acc, scale, DOT)
+    for start in tl.range(W, kv_end, W, num_stages=NSTAGE):
+        kb_s, vb_s = _kv_pair_block(kc_ptr, vc_ptr, coff, start, kv_end, dd, dmask, D, S, W)
+        m, l, acc = _attend(qd, kb_s, vb_s, own & ((start + r % W) < kv_end)[None, :], m, l, acc, scale, DOT)
+    # the new token of each head: append its key and value, and attend to it from registers
+    k0r = 1.0 / tl.sqrt(tl.sum(k0 * k0, axis=0) / D + eps)
+    k1r = 1.0 / tl.sqrt(tl.sum(k1 * k1, axis=0) / D + eps)
+    kn0 = ((k0 * k0r * kn) * cos + sign * (k0p * k0r * kn_p) * sin).to(kc_ptr.dtype.element_ty)
+    kn1 = ((k1 * k1r * kn) * cos + sign * (k1p * k1r * kn_p) * sin).to(kc_ptr.dtype.element_ty)
+    vn0 = v0.to(vc_ptr.dtype.element_ty)
+    vn1 = v1.to(vc_ptr.dtype.element_ty)
+    tl.store(kc_ptr + coff + pos * D + dd, kn0, mask=dmask)
+    tl.store(vc_ptr + coff + pos * D + dd, vn0, mask=dmask)
+    tl.store(kc_ptr + coff + S * D + pos * D + dd, kn1, mask=dmask)
+    tl.store(vc_ptr + coff + S * D + pos * D + dd, vn1, mask=dmask)
+    first = (qgrp == 0)[:, None]
+    k_rows = tl.where(first, kn0.to(tl.float32)[None, :], kn1.to(tl.float32)[None, :])    # [QM, D]
+    v_rows = tl.where(first, vn0.to(tl.float32)[None, :], vn1.to(tl.float32)[None, :])
+    sc = tl.sum(qd.to(tl.float32) * k_rows, axis=1) * scale
+    m_new = tl.maximum(m, sc)
+    alpha = tl.exp(m - m_new)
+    pr = tl.exp(sc - m_new)
+    l = l * alpha + pr
+    acc = acc * alpha[:, None] + pr[:, None] * v_rows
+    stamp(tr, T_COMPUTED, tl.sum(l, axis=0), TRACE)
+    out = acc / l[:, None]
+    tl.store(attn_ptr + b * (HQ * D) + (g * G + qhead)[:, None] * D + dd[None, :], out,
+             mask=hmask[:, None] & dmask[None, :])
+    stamp(tr, T_FIRST, tl.sum(l, axis=0), TRACE)
+
+
+@triton.jit
 def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr, step, kc_ptr, vc_ptr,
               opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, cnt_ptr, target,
               KV_B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr,
               NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr,
               NSPLIT_PAD: tl.constexpr, NSTAGE: tl.constexpr, NEW: tl.constexpr, WAIT: tl.constexpr,
-              SPIN: tl.constexpr, tr, TRACE: tl.constexpr):
+              SPIN: tl.constexpr, tr, TRACE: tl.constexpr, P: tl.constexpr):
     HALF: tl.constexpr = D // 2
     # positions per block walked: a split (a multiple of BLOCK_S) is a whole number of them
-    W_VEC: tl.constexpr = VEC_ELEMS // (G_PAD * D_PAD) if VEC_ELEMS >= G_PAD * D_PAD else 1
-    W: tl.constexpr = BLOCK_S if (DOT or W_VEC >= BLOCK_S) else W_VEC
+    # (a pair's product is [2 G_PAD, 2 W, D_PAD]: four times a head's)
+    W_VEC: tl.constexpr = VEC_ELEMS // (G_PAD * D_PAD * P * P) if VEC_ELEMS >= G_PAD * D_PAD * P * P else 1
+    # (with two kv heads a tile, half a block of each: the stacked block has a head's shapes and registers)
+    W: tl.constexpr = BLOCK_S // P if (DOT or W_VEC >= BLOCK_S // P) else W_VEC
     # Where no split can be longer than one walked block (its first, loaded before the wait), the
     # pipelined loop never runs: no pipeline, so the kernel takes none of its shared memory
     SPLIT_MAX: tl.constexpr = (((S + NSPLIT - 1) // NSPLIT + BLOCK_S - 1) // BLOCK_S) * BLOCK_S
@@ -268,8 +379,11 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
     kn_p = tl.load(kn_ptr + layer * D + pd, mask=dmask, other=0.0).to(tl.float32)
     # The first tile's first KV block is loaded before the wait: positions before the new one
     # were written by earlier steps, so like weights they never wait on this step's producers.
-    lo, kv_end, coff, pos, chunk = _split_range(t0, layer, lengths_ptr, step, KV_B, D, HKV, S, NSPLIT, BLOCK_S, NEW)
-    kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
+    lo, kv_end, coff, pos, chunk = _split_range(t0, layer, lengths_ptr, step, KV_B, D, HKV, S, NSPLIT, BLOCK_S, NEW, P)
+    if P == 2:
+        kt, vt = _kv_pair_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, S, W)
+    else:
+        kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
     seen = target
     if WAIT:
         # Every split waits, an empty one too: the tickets of (b, g) serve every layer and step, so
@@ -280,11 +394,15 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
     stamp(tr, T_WAITED, seen, TRACE)
     for t in range(t0, t1):
         if t > t0:
-            lo, kv_end, coff, pos, chunk = _split_range(t, layer, lengths_ptr, step, KV_B, D, HKV, S, NSPLIT, BLOCK_S, NEW)
-            kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
+            lo, kv_end, coff, pos, chunk = _split_range(t, layer, lengths_ptr, step, KV_B, D, HKV, S, NSPLIT, BLOCK_S,
+                                                        NEW, P)
+            if P == 2:
+                kt, vt = _kv_pair_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, S, W)
+            else:
+                kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
         _split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr,
                tickets_ptr, attn_ptr, eps, inv_freq, qn, qn_p, kn, kn_p, D, HQ, HKV, NSPLIT, BLOCK_S, W, D_PAD,
-               G_PAD, NSPLIT_PAD, STAGES, NEW, tr, TRACE)
+               G_PAD, NSPLIT_PAD, STAGES, NEW, tr, TRACE, P, S)
         # the block is dead once attended: carrying it to the next tile would hold its registers
         # through this whole tile
         kt = tl.zeros_like(kt)
@@ -303,13 +421,13 @@ def attn_kernel(layer, qkv_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, lengths_pt
                 opart_ptr, ml_ptr, tickets_ptr, attn_ptr, eps, KV_B: tl.constexpr, D: tl.constexpr, HQ: tl.constexpr,
                 HKV: tl.constexpr, S: tl.constexpr, NSPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
                 D_PAD: tl.constexpr, G_PAD: tl.constexpr, NSPLIT_PAD: tl.constexpr, KV_STAGES: tl.constexpr,
-                ATTN_NEW: tl.constexpr):
+                ATTN_NEW: tl.constexpr, ATTN_PAIR: tl.constexpr):
     pid = tl.program_id(0)
     attn_tile(pid, pid + 1, layer, qkv_ptr, q_norm_ptr, k_norm_ptr, inv_freq_ptr, lengths_ptr, step=0,
               kc_ptr=k_cache_ptr, vc_ptr=v_cache_ptr, opart_ptr=opart_ptr, ml_ptr=ml_ptr, tickets_ptr=tickets_ptr,
               attn_ptr=attn_ptr, eps=eps, cnt_ptr=lengths_ptr, target=0, KV_B=KV_B, D=D, HQ=HQ, HKV=HKV, S=S,
               NSPLIT=NSPLIT, BLOCK_S=BLOCK_S, D_PAD=D_PAD, G_PAD=G_PAD, NSPLIT_PAD=NSPLIT_PAD, NSTAGE=KV_STAGES,
-              NEW=ATTN_NEW, WAIT=False, SPIN=0, tr=lengths_ptr, TRACE=False)
+              NEW=ATTN_NEW, WAIT=False, SPIN=0, tr=lengths_ptr, TRACE=False, P=ATTN_PAIR)
 
 
 def attention_ref(st, p, layer, t0, t1):
@@ -317,9 +435,11 @@ def attention_ref(st, p, layer, t0, t1):
     import torch
 
     from models.qwen3.reference import apply_rope, rmsnorm, rope_cos_sin
-    G, D = p.HQ // p.HKV, p.D
-    for t in range(t0, t1):
-        s, g, b = t % p.NSPLIT, (t // p.NSPLIT) % p.HKV, t // (p.NSPLIT * p.HKV)
+    G, D, P = p.HQ // p.HKV, p.D, p.ATTN_PAIR
+    # tile t is split s of kv head g of sequence b; with ATTN_PAIR 2 (one split), heads 2 g' and 2 g' + 1
+    heads = [(t % p.NSPLIT, ((t // p.NSPLIT) % (p.HKV // P)) * P + i, t // (p.NSPLIT * (p.HKV // P)))
+             for t in range(t0, t1) for i in range(P)]
+    for s, g, b in heads:
         pos = int(st.lengths[b])
         cos, sin = rope_cos_sin(torch.tensor([pos]), D, st.rope_theta, torch.float32)
         row = st.qkv[b].float()

@@ -215,6 +215,8 @@ def moves(base: Plan, cand: Candidate, workers: int, cuda: bool) -> list[Candida
     if p.NSPLIT >= 2:
         add(replace(p, ATTN_NEW=1 - p.ATTN_NEW))
     add(replace(p, ATTN_CALL=1 - p.ATTN_CALL))     # attention's tile called, not inlined
+    if p.NSPLIT == 1 and p.HKV % 2 == 0:
+        add(replace(p, ATTN_PAIR=3 - p.ATTN_PAIR))  # two kv heads an attention tile
     if p.BATCHED == 2:  # the weights-on-M tile's weights by TMA or by pointer loads, its MMA, its padding
         add(replace(p, SWAP_TMA=1 - p.SWAP_TMA))
         add(replace(p, MMA_V3=1 - p.MMA_V3))

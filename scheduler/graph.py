@@ -58,18 +58,19 @@ def build_stages(plan: Plan) -> list[Stage]:
         # QKV: segments of consecutive tiles in the same kv group
         segs: list[Segment] = []
         for t in range(p.tiles(Op.QKV)):
-            g = qkv_group(p, t)
+            g = qkv_group(p, t) // p.ATTN_PAIR     # (an attention tile of two kv heads waits on both)
             if segs and segs[-1].key == (Op.QKV, l, g) and segs[-1].tile_end == t:
                 segs[-1].tile_end = t + 1
             else:
                 segs.append(Segment(t, t + 1, (Op.QKV, l, g)))
         stages.append(Stage(Op.QKV, l, segs, [prev]))
-        # attention: tile (b, g, s) = (b * HKV + g) * NSPLIT + s; waits on its group's QKV tiles.
-        # All of them raise one counter: the O projection needs every head.
+        # attention: tile (b, g, s) = (b * HKV + g) * NSPLIT + s; waits on its group's QKV tiles
+        # (with ATTN_PAIR 2, tile (b, g) takes kv heads 2 g and 2 g + 1). All of them raise one
+        # counter: the O projection needs every head.
         segs, waits = [], []
         for b in range(p.B):
-            for g in range(p.HKV):
-                t0 = (b * p.HKV + g) * p.NSPLIT
+            for g in range(p.HKV // p.ATTN_PAIR):
+                t0 = (b * (p.HKV // p.ATTN_PAIR) + g) * p.NSPLIT
                 segs.append(Segment(t0, t0 + p.NSPLIT, (Op.ATTN, l, 0)))
                 waits.append((Op.QKV, l, g))
         stages.append(Stage(Op.ATTN, l, segs, waits))

@@ -122,6 +122,9 @@ class Plan:
     G_PAD: int
     KV_STAGES: int = 3  # attention's software pipeline over KV blocks (KV_STAGES - 1 in flight; 1: none)
     ATTN_NEW: int = 0   # 1: attention's split 0 holds the new position alone, splits 1.. the cache
+    # kv heads an attention tile takes (1 or 2; 2 with one split): where a batch's tiles are several
+    # a worker, two heads' cache blocks in flight at once instead of one after the other
+    ATTN_PAIR: int = 1
     # GEMV tiles: 0 loop over the sequences with weights in registers; from batch 2 the weights are
     # read once for all B rows, by the batch-on-M tile (1, instructions.batch_mma.batch_tiles) or the
     # weights-on-M tile (2, instructions.wgmma: Hopper's wgmma, and K-splits SK_*)
@@ -207,6 +210,9 @@ class Plan:
         if self.ATTN_NEW and self.NSPLIT < 2:
             raise ValueError(f"ATTN_NEW=1 needs NSPLIT >= 2 (split 0 holds the new position, the others the "
                              f"cache), not {self.NSPLIT}: set ATTN_NEW=0 with one split")
+        if self.ATTN_PAIR not in (1, 2) or (self.ATTN_PAIR == 2 and (self.NSPLIT != 1 or self.HKV % 2)):
+            raise ValueError(f"ATTN_PAIR={self.ATTN_PAIR}: 1, or 2 (two kv heads a tile) with one split (NSPLIT=1, "
+                             f"here {self.NSPLIT}) and an even number of kv heads (here {self.HKV})")
 
     def pool(self, op: Op) -> int:
         """Tiles of ``op``'s pool (its last ones), 0 where it has none."""

@@ -17,7 +17,9 @@ from test_reference_vs_hf import random_prompt, rel_err
     ("megakernel", {"max_bk": 32}, {}),                                  # the plan's batched tiles
     ("per-op", {"max_bk": 32}, {}),
     ("vm", {"max_bk": 32}, {}),
-], ids=["reference", "megakernel-loop", "megakernel-batched", "per-op-batched", "vm-batched"])
+    # both kv heads in one attention tile (ATTN_PAIR, one split): tile t is sequence t's two heads
+    ("megakernel", {"max_bk": 32, "plan_overrides": {"ATTN_PAIR": 2, "NSPLIT": 1, "ATTN_NEW": 0}}, {}),
+], ids=["reference", "megakernel-loop", "megakernel-batched", "per-op-batched", "vm-batched", "megakernel-pair"])
 def test_batch_equals_each_sequence_alone(tiny_checkpoint, seed, monkeypatch, backend, opts, batch_opts):
     """Batch 3 against each sequence alone at batch 1, with 32-wide K-chunks so that every GEMV
     loops over several chunks; the batch's tiles loop over the sequences or (as the plan picks from
@@ -62,25 +64,30 @@ def test_tensor_core_batch_equals_each_sequence_alone(tiny_checkpoint, seed):
         assert torch.equal(batch[b], alone[0]), f"sequence {b}: batch {batch[b].tolist()} alone {alone[0].tolist()}"
 
 
-@pytest.mark.parametrize("backend,nsplit,block_s,dot,new", [
-    ("megakernel", 5, 16, True, 0),     # 5 splits of 4 blocks; one worker runs all tiles as one instruction
-    ("per-op", 8, 32, True, 0),         # 5 busy splits of 2 blocks, 3 empty ones; one program per tile
-    ("megakernel", 4, 64, True, 0),     # the tiny model's default block: 1 or 2 blocks per split
-    ("megakernel", 4, 64, False, 0),    # Ascend's vector-unit products, walked in 16-position blocks
-    ("megakernel", 1, 64, True, 0),     # one split walks all 5 blocks and normalises its own output
-    ("per-op", 1, 32, True, 0),
+@pytest.mark.parametrize("backend,nsplit,block_s,dot,new,pair", [
+    ("megakernel", 5, 16, True, 0, 1),     # 5 splits of 4 blocks; one worker runs all tiles as one instruction
+    ("per-op", 8, 32, True, 0, 1),         # 5 busy splits of 2 blocks, 3 empty ones; one program per tile
+    ("megakernel", 4, 64, True, 0, 1),     # the tiny model's default block: 1 or 2 blocks per split
+    ("megakernel", 4, 64, False, 0, 1),    # Ascend's vector-unit products, walked in 16-position blocks
+    ("megakernel", 1, 64, True, 0, 1),     # one split walks all 5 blocks and normalises its own output
+    ("per-op", 1, 32, True, 0, 1),
     # split 0 holds the new position alone (ATTN_NEW): 4 cached splits of 5 blocks; 5 busy of 2
     # (the last partly masked) and 2 empty; the VM's reference tiles cut them alike
-    ("megakernel", 5, 16, True, 1),
-    ("per-op", 8, 32, True, 1),
-    ("vm", 5, 16, True, 1),
-    ("megakernel", 4, 64, False, 1),
+    ("megakernel", 5, 16, True, 1, 1),
+    ("per-op", 8, 32, True, 1, 1),
+    ("vm", 5, 16, True, 1, 1),
+    ("megakernel", 4, 64, False, 1, 1),
+    # both kv heads in one tile (ATTN_PAIR 2): their stacked blocks walked as one, 5 and 10 of them
+    ("megakernel", 1, 64, True, 0, 2),
+    ("per-op", 1, 32, True, 0, 2),
+    ("vm", 1, 32, True, 0, 2),
+    ("megakernel", 1, 64, False, 0, 2),
 ])
-def test_long_context_split_attention(tiny_checkpoint, seed, monkeypatch, backend, nsplit, block_s, dot, new):
+def test_long_context_split_attention(tiny_checkpoint, seed, monkeypatch, backend, nsplit, block_s, dot, new, pair):
     """A 300-token prompt on a hidden-64 model: attention cut into splits of several KV blocks
     (full, partly masked and empty ones; the new token in the last busy split, or with ATTN_NEW in
     split 0 alone), combined by the last split to finish (two splits at a time, as a GPU's 32 do),
-    against the reference."""
+    or with one split over two kv heads a tile (ATTN_PAIR), against the reference."""
     import triton.language as tl
 
     import instructions.attention as attention
@@ -94,7 +101,7 @@ def test_long_context_split_attention(tiny_checkpoint, seed, monkeypatch, backen
     prompt = random_prompt(300, tiny.vocab_size, seed)
     ref = MegaQwen3(model, max_seq_len=320, backend="reference")
     mk = MegaQwen3(model, max_seq_len=320, backend=backend,
-                   plan_overrides={"NSPLIT": nsplit, "BLOCK_S": block_s, "ATTN_NEW": new})
+                   plan_overrides={"NSPLIT": nsplit, "BLOCK_S": block_s, "ATTN_NEW": new, "ATTN_PAIR": pair})
     want = ref.generate([prompt], max_new_tokens=4)
     got = mk.generate([prompt], max_new_tokens=4)
     assert torch.equal(got, want)

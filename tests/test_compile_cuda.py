@@ -24,13 +24,16 @@ REPO = Path(__file__).resolve().parents[1]
 # samples on the device (its three sampling tiles and attention's, ATTN_CALL, called from the
 # persistent kernel); w8a8 at batch 1
 # (its projections on the weights-on-M tile with e4m3 inputs); batch 16 as the rules plan it, every
-# dot on mma.sync (MMA_V3=0: compiled with Triton's DISABLE_MMA_V3)
+# dot on mma.sync (MMA_V3=0: compiled with Triton's DISABLE_MMA_V3); batch 64 with two kv heads an
+# attention tile (ATTN_PAIR)
 WGMMA = {"SWAP_MIN_N": 16, "MMA_V3": 1, "SWAP_CALL": 0}
 
 
 @pytest.mark.parametrize("batch,fp8,fields", [(1, False, {}), (4, False, WGMMA), (4, False, {**WGMMA, "SWAP_TMA": 1, "SWAP_CALL": 1}),
-                                              (32, False, {"SAMPLE": 1, "ATTN_CALL": 1}), (1, True, WGMMA), (16, False, {})],
-                         ids=["b1", "b4-n16", "b4-n16-tma", "b32-sampling-attn-call", "b1-w8a8-n16", "b16-mma-sync"])
+                                              (32, False, {"SAMPLE": 1, "ATTN_CALL": 1}), (1, True, WGMMA), (16, False, {}),
+                                              (64, False, {"ATTN_PAIR": 2, "NSPLIT": 1, "ATTN_NEW": 0})],
+                         ids=["b1", "b4-n16", "b4-n16-tma", "b32-sampling-attn-call", "b1-w8a8-n16", "b16-mma-sync",
+                              "b64-attn-pair"])
 def test_all_kernels_compile_for_sm90(batch, fp8, fields):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(DEVICE="cuda", PYTHONPATH=str(REPO))

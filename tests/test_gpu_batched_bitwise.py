@@ -52,6 +52,23 @@ def test_per_op_step_equals_megakernel_bitwise(batch, batch_input):
     torch.cuda.empty_cache()
 
 
+@pytest.mark.parametrize("batch", [32, 64])
+def test_attention_pair_per_op_equals_megakernel_bitwise(batch):
+    """Two kv heads an attention tile (ATTN_PAIR 2, one split): the per-op kernels and the persistent
+    kernel still compute the step bit for bit alike."""
+    model = _model("0.6b")
+    prompt = _prompt(model.config.vocab_size, (batch, 24))
+    pair = dict(ATTN_PAIR=2, NSPLIT=1, ATTN_NEW=0)
+    mega, mega_before, mega_plan = _one_step(model, "megakernel", prompt, "bf16", **pair)
+    per_op, per_op_before, per_op_plan = _one_step(model, "per-op", prompt, "bf16", **pair)
+    assert mega_plan == per_op_plan and mega_plan["ATTN_PAIR"] == 2
+    assert all(torch.equal(a, b) for a, b in zip(mega_before, per_op_before)), "the prefills differ"
+    parted = _parted(mega, per_op)
+    assert not parted, "per-op parts from megakernel after one step: " + "; ".join(parted)
+    del model
+    torch.cuda.empty_cache()
+
+
 def _parted(one: dict, other: dict) -> list[str]:
     parted = []
     for name, a in one.items():
