@@ -26,11 +26,10 @@ The step fits the load:
   (greedy, or sampled there), the next launch is queued shortly (``CHAIN_LEAD_S``) before the one
   in flight should end, and that one's tokens are read and handed out while it runs
   (``MegaQwen3.launch_slots``): the device does not wait for the host's token handling between
-  launches. A request or a cancellation that arrives before
-  that point stops the chain, so it still waits for at most the launch in flight. A sequence that
-  a stop ends in the launch read has run on in the queued one: those tokens are dropped; slots
-  freed and moved meanwhile are moved behind the queued launch on the device, so its rows stay
-  its sequences'.
+  launches. A request or a cancellation that arrives before that point stops the chain, so it
+  still waits for at most the launch in flight. A sequence that a stop ends in the launch read has
+  run on in the queued one: those tokens are dropped; slots freed and moved meanwhile are moved
+  behind the queued launch on the device, so its rows stay its sequences'.
 - **Admission in one pass.** Queued prompts are prefilled together in one packed prefill
   (``MegaQwen3.prefill_slots``). While others run, one admission prefills at most
   ``max_batched_tokens`` prompt tokens (at least one prompt), so that the running sequences wait
