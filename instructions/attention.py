@@ -129,6 +129,13 @@ def _attend(qd, kt, vt, valid, m, l, acc, scale, DOT: tl.constexpr):
 
 
 @triton.jit
+def _new_key(k, kp, kn, kn_p, cos, sin, sign, eps, D: tl.constexpr):
+    """The new key: k_norm (RMS over the head) and RoPE; ``kp`` is k's rotate_half partner."""
+    kr = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / D + eps)
+    return (k * kr * kn) * cos + sign * (kp * kr * kn_p) * sin
+
+
+@triton.jit
 def _q_rows(qkv_ptr, b, qoff, pos, inv_freq, dd, pd, gmask, N: tl.constexpr):
     """Sequence b's q rows at ``qoff`` in its QKV row, their rotate_half partners, RoPE's cos and
     sin at position pos, and the row's base."""
@@ -232,8 +239,7 @@ def _attend_split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_p
         m, l, acc = _attend(qd, kb_s, vb_s, (start + tl.arange(0, W) < kv_end)[None, :], m, l, acc, scale, DOT)
     if newtok:
         # the new token: append its key and value, and attend to it from registers
-        kr = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / D + eps)
-        k_new = ((k * kr * kn) * cos + sign * (kp * kr * kn_p) * sin).to(kc_ptr.dtype.element_ty)
+        k_new = _new_key(k, kp, kn, kn_p, cos, sin, sign, eps, D).to(kc_ptr.dtype.element_ty)
         v_new = v.to(vc_ptr.dtype.element_ty)
         tl.store(kc_ptr + coff + pos * D + dd, k_new, mask=dmask)
         tl.store(vc_ptr + coff + pos * D + dd, v_new, mask=dmask)
@@ -326,10 +332,8 @@ def _attend_pair(t, kt, vt, kv_end, coff, pos, qkv_ptr, kc_ptr, vc_ptr, attn_ptr
         kb_s, vb_s = _kv_pair_block(kc_ptr, vc_ptr, coff, start, kv_end, dd, dmask, D, S, W)
         m, l, acc = _attend(qd, kb_s, vb_s, own & ((start + r % W) < kv_end)[None, :], m, l, acc, scale, DOT)
     # the new token of each head: append its key and value, and attend to it from registers
-    k0r = 1.0 / tl.sqrt(tl.sum(k0 * k0, axis=0) / D + eps)
-    k1r = 1.0 / tl.sqrt(tl.sum(k1 * k1, axis=0) / D + eps)
-    kn0 = ((k0 * k0r * kn) * cos + sign * (k0p * k0r * kn_p) * sin).to(kc_ptr.dtype.element_ty)
-    kn1 = ((k1 * k1r * kn) * cos + sign * (k1p * k1r * kn_p) * sin).to(kc_ptr.dtype.element_ty)
+    kn0 = _new_key(k0, k0p, kn, kn_p, cos, sin, sign, eps, D).to(kc_ptr.dtype.element_ty)
+    kn1 = _new_key(k1, k1p, kn, kn_p, cos, sin, sign, eps, D).to(kc_ptr.dtype.element_ty)
     vn0 = v0.to(vc_ptr.dtype.element_ty)
     vn1 = v1.to(vc_ptr.dtype.element_ty)
     tl.store(kc_ptr + coff + pos * D + dd, kn0, mask=dmask)

@@ -699,11 +699,14 @@ class SlotLaunch:
 
 
 class EndedLaunch:
-    """A launch that has already ended, as ``SlotLaunch`` (a runtime whose ranks step together)."""
+    """A launch that has already ended, as ``SlotLaunch`` (a runtime whose ranks step together):
+    its tokens and the launch call's time, which waited for it."""
 
-    def __init__(self, tokens: torch.Tensor):
-        self._tokens = tokens
-        self.steps = tokens.shape[1] if tokens.dim() == 2 else 1
+    def __init__(self, tokens: torch.Tensor, seconds: float):
+        self._tokens, self._seconds = tokens, seconds
+
+    def seconds(self) -> float:
+        return self._seconds
 
     def done(self) -> bool:
         return True

@@ -32,6 +32,7 @@ import os
 import socket
 import sys
 import tempfile
+import time
 import uuid
 
 import torch
@@ -443,7 +444,9 @@ class Leader:
     def launch_slots(self, *args, **kwargs):
         """``step_slots`` on every rank, ended: the ranks step together, so no launch is left queued."""
         from .runtime import EndedLaunch
-        return EndedLaunch(self.step_slots(*args, **kwargs))
+        t0 = time.perf_counter()
+        tokens = self.step_slots(*args, **kwargs)
+        return EndedLaunch(tokens, time.perf_counter() - t0)
 
     def stop(self):
         """Let the other ranks' ``follow`` return."""

@@ -56,8 +56,6 @@ import torch
 
 from models.qwen3.sampling import SamplingParams, sample
 
-from ..runtime import EndedLaunch
-
 from .metrics import Metrics
 from .text import Detokenizer
 
@@ -425,13 +423,18 @@ class Engine:
         with self.cv:
             if self.queue and n < self.batch_size:
                 return 1        # someone waits for a free slot: admit at the next turn
-        if not self.device_sampling and not all(s.req.params.sampling.greedy for s in seqs):
+        if self._host_draws(seqs):
             return 1
         k = min(most, left, mk.max_seq_len - mk.PARK_LENGTH)
         step = self.step_s.get(bucket)
         if step:
             k = min(k, int(self.max_launch_s / step + 1e-6))
         return max(1, k)
+
+    def _host_draws(self, seqs) -> bool:
+        """Whether the host draws a token of these sequences: a sampled one where the runtime does
+        not sample on the device."""
+        return not self.device_sampling and not all(s.req.params.sampling.greedy for s in seqs)
 
     def _decode(self, n: int, events: list):
         """Launches until the host is needed between two (module doc, "The next launch queued"):
@@ -447,14 +450,8 @@ class Engine:
 
     def _launch(self, n: int, k: int) -> "_InFlight":
         mk = self.mk
-        active = list(range(n))      # the lowest slots (compaction)
-        called = time.perf_counter()
-        if hasattr(mk, "launch_slots"):
-            handle = mk.launch_slots(active, steps=k) if k > 1 else mk.launch_slots(active)
-        else:
-            handle = EndedLaunch(mk.step_slots(active, steps=k) if k > 1 else mk.step_slots(active))
-        return _InFlight(handle, self.slots[:n], k, getattr(mk, "bucket", self.batch_size), called,
-                         time.perf_counter())
+        handle = mk.launch_slots(list(range(n)), steps=k)      # the lowest slots (compaction)
+        return _InFlight(handle, self.slots[:n], k, mk.bucket, time.perf_counter())
 
     def _chain(self, cur: "_InFlight") -> "_InFlight | None":
         """The next launch, queued behind ``cur`` before its tokens are read, where the host is not
@@ -462,8 +459,8 @@ class Engine:
         n = self.count       # those of cur that the last tokens read did not end (compacted)
         if not n:
             return None
-        if not self.device_sampling and not all(s.req.params.sampling.greedy for s in self.slots[:n]):
-            return None      # the host draws each step's token
+        if self._host_draws(self.slots[:n]):
+            return None      # each step's token needs the host
         if not self._wait_to_chain(cur):
             return None
         k = self._launch_steps(n, inflight=cur.k)
@@ -496,9 +493,7 @@ class Engine:
                 for b, t in self._sample(sampled).items():
                     rows[b] = [t]
         now = time.perf_counter()
-        # the device's time where the runtime gives it, else the launch call's (it waited for the launch)
-        seconds = launch.handle.seconds() if hasattr(launch.handle, "seconds") else launch.t0 - launch.called
-        per_step = seconds / k
+        per_step = launch.handle.seconds() / k       # on a GPU the device's time
         # the bucket's step time, followed as contexts grow (it bounds the next launches)
         old = self.step_s.get(launch.bucket)
         self.step_s[launch.bucket] = per_step if old is None else 0.8 * old + 0.2 * per_step
@@ -663,13 +658,12 @@ class Engine:
 @dataclass
 class _InFlight:
     """A decode launch not yet read: its sequences by row (slots may move before it is read), its
-    steps and bucket, and when the host's launch call began and returned (on a GPU about when the
-    launch began to run: the megakernel's launch call waits for the launch before it)."""
+    steps and bucket, and when the host's launch call returned (on a GPU about when the launch
+    began to run: the megakernel's launch call waits for the launch before it)."""
     handle: object
     seqs: list
     k: int
     bucket: int
-    called: float
     t0: float
 
 
