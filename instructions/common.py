@@ -147,7 +147,8 @@ def next_tile(t, t1, c, claims_ptr, claims_base, NT: tl.constexpr, POOL: tl.cons
 # its input split or in bf16, and BT_SWAP, BT_SWAP_BF16 or BT_SWAP_FP8 the weights-on-M tile
 # (``instructions.wgmma``; its input contract is BT - BT_SWAP, the plan's BATCH_INPUT), plus BT_TMA
 # where that tile takes its weights by tensor descriptor (the plan's SWAP_TMA), BT_N16 where it
-# pads the batch to 16 (SWAP_MIN_N), BT_CALL where it is called rather than inlined (SWAP_CALL); 32
+# pads the batch to 16 (SWAP_MIN_N), BT_CALL where it is called rather than inlined (SWAP_CALL), BT_PRE
+# times the chunks it takes into registers before its wait (SWAP_PRE); 32
 # marks a kernel compiled with every dot on mma.sync (the plan's MMA_V3 0): no tile reads it, it
 # keeps that compiled code apart from wgmma's in Triton's cache.
 BT_SPLIT: tl.constexpr = tl.constexpr(1)
@@ -158,6 +159,7 @@ BT_SWAP_FP8: tl.constexpr = tl.constexpr(5)
 BT_TMA: tl.constexpr = tl.constexpr(8)
 BT_N16: tl.constexpr = tl.constexpr(16)
 BT_CALL: tl.constexpr = tl.constexpr(64)
+BT_PRE: tl.constexpr = tl.constexpr(128)     # times the chunks the weights-on-M tile takes before its wait (SWAP_PRE)
 
 
 @triton.jit

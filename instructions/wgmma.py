@@ -39,7 +39,7 @@ persistent kernel agree bitwise.
 import triton
 import triton.language as tl
 
-from .common import ARGMAX, BT_N16, BT_TMA, GATEUP, RELAXED, RESIDUAL, argmax_key, round_bf16, sum_pairs, wait_counter
+from .common import ARGMAX, BT_N16, BT_PRE, BT_TMA, GATEUP, RELAXED, RESIDUAL, argmax_key, round_bf16, sum_pairs, wait_counter
 from .fp8 import e4m3_bf16, quantize_e4m3
 
 # the tile's input contracts (``XIN``; the plan's BATCH_INPUT, module doc)
@@ -162,18 +162,35 @@ def _mac_w8a8(acc, w, xq, sw, sx, EXACT: tl.constexpr):
 
 
 @triton.jit
-def _chunk(acc, acc2, w, w2, in_ptr, ws_ptr, ws2_ptr, rows, rows_ok, bb, k0, k_lo, B: tl.constexpr, K: tl.constexpr,
-           KSPAN: tl.constexpr, KC: tl.constexpr, SB: tl.constexpr, TWO: tl.constexpr, FP8: tl.constexpr,
-           SPLIT: tl.constexpr, EXACT: tl.constexpr, XBF16: tl.constexpr, XT: tl.constexpr, W8A8: tl.constexpr):
-    """``swap_tiles``' sums (acc, and acc2 with TWO) plus one chunk: the weights ``w`` (``w2``) times
-    the input's columns [k0, k0 + KC) of this split (from k_lo), its head and with SPLIT remainder;
-    with W8A8 that input quantized to e4m3 (``quantize_e4m3``, one scale a sequence: KC is 128)."""
+def _load_x(in_ptr, bb, k0, k_lo, B: tl.constexpr, K: tl.constexpr, KSPAN: tl.constexpr, KC: tl.constexpr,
+            SPLIT: tl.constexpr):
+    """The input's columns [k0, k0 + KC) of the split from k_lo as [BP, KC]: its head, and with SPLIT
+    its remainder (else the head again)."""
     k = k0 + tl.arange(0, KC)
     xm = (bb[:, None] < B) & (k < k_lo + KSPAN)[None, :]
     xh = tl.load(in_ptr + bb[:, None] * K + k[None, :], mask=xm, other=0.0, cache_modifier=".cg")
     xl = xh
     if SPLIT:
         xl = tl.load(in_ptr + B * K + bb[:, None] * K + k[None, :], mask=xm, other=0.0, cache_modifier=".cg")
+    return xh, xl
+
+
+@triton.jit
+def _tile_rows(t, R: tl.constexpr, SK: tl.constexpr, N: tl.constexpr, BM: tl.constexpr):
+    """Tile t's row block, K-split, rows [BM] and which of them are the block's."""
+    rb = t // SK
+    rr = tl.arange(0, BM)
+    rows = rb * R + rr
+    return rb, t - rb * SK, rows, (rr < R) & (rows < N)
+
+
+@triton.jit
+def _chunk(acc, acc2, w, w2, xh, xl, ws_ptr, ws2_ptr, rows, rows_ok, k0, K: tl.constexpr,
+           SB: tl.constexpr, TWO: tl.constexpr, FP8: tl.constexpr,
+           SPLIT: tl.constexpr, EXACT: tl.constexpr, XBF16: tl.constexpr, XT: tl.constexpr, W8A8: tl.constexpr):
+    """``swap_tiles``' sums (acc, and acc2 with TWO) plus one chunk: the weights ``w`` (``w2``) times
+    the input's columns [k0, k0 + KC) (``_load_x``), its head and with SPLIT remainder; with W8A8
+    that input quantized to e4m3 (``quantize_e4m3``, one scale a sequence: KC is 128)."""
     if W8A8:
         y = xh.to(tl.float32)
         if SPLIT:
@@ -282,32 +299,70 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
     NT: tl.constexpr = 2 * N if TWO else N          # a partial's row: gate's N sums, then up's
     RAW: tl.constexpr = W8A8 and not EXACT
     TMA: tl.constexpr = (XIN // BT_TMA) % 2 == 1 and (RAW or not FP8) and (K * WBYTES) % 16 == 0
+    # a split's first PRE chunks (BT_PRE), taken into registers before the pipelined loop over the
+    # rest and added after it: the first tile's before the wait, so those bytes move while it waits
+    PRE0: tl.constexpr = (XIN // BT_PRE) % 4
+    PRE: tl.constexpr = PRE0 if PRE0 * KC <= KSPAN else KSPAN // KC
     # (made before the wait: they depend on the weights' address alone)
     wd = _weights_desc(w_ptr, N, K, BM, KC, TMA)
     wd2 = wd
     if TWO:
         wd2 = _weights_desc(w2_ptr, N, K, BM, KC, TMA)
     bb = tl.arange(0, BP)
+    pa = 0
+    pb = 0
+    p2a = 0
+    p2b = 0
+    if PRE >= 1:
+        rb, ks, rows, rows_ok = _tile_rows(t0, R, SK, N, BM)
+        rows_ok = rows_ok & (t0 + tl.zeros([BM], tl.int32) < t1)     # (no tile: nothing read)
+        pa = _load_w(w_ptr, rb * R, rows_ok, K, ks * KSPAN, BM, KC, RAW, False)
+        p2a = pa
+        if TWO:
+            p2a = _load_w(w2_ptr, rb * R, rows_ok, K, ks * KSPAN, BM, KC, RAW, False)
+        if PRE >= 2:
+            pb = _load_w(w_ptr, rb * R, rows_ok, K, ks * KSPAN + KC, BM, KC, RAW, False)
+            p2b = pb
+            if TWO:
+                p2b = _load_w(w2_ptr, rb * R, rows_ok, K, ks * KSPAN + KC, BM, KC, RAW, False)
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
     for t in range(t0, t1):
-        rb = t // SK
-        ks = t - rb * SK
-        rr = tl.arange(0, BM)
-        rows = rb * R + rr
+        rb, ks, rows, rows_ok = _tile_rows(t, R, SK, N, BM)
         row_end = tl.minimum(rb * R + R, N)
-        rows_ok = (rr < R) & (rows < N)
         acc = tl.zeros([BM, BP], dtype=tl.float32)
         acc2 = tl.zeros([BM, BP], dtype=tl.float32)
         k_lo = ks * KSPAN
-        for k0 in tl.range(k_lo, k_lo + KSPAN, KC, num_stages=STAGES):
+        if PRE >= 1:
+            if t > t0:
+                pa = _load_w(w_ptr, rb * R, rows_ok, K, k_lo, BM, KC, RAW, False)
+                p2a = pa
+                if TWO:
+                    p2a = _load_w(w2_ptr, rb * R, rows_ok, K, k_lo, BM, KC, RAW, False)
+                if PRE >= 2:
+                    pb = _load_w(w_ptr, rb * R, rows_ok, K, k_lo + KC, BM, KC, RAW, False)
+                    p2b = pb
+                    if TWO:
+                        p2b = _load_w(w2_ptr, rb * R, rows_ok, K, k_lo + KC, BM, KC, RAW, False)
+            xa, xla = _load_x(in_ptr, bb, k_lo, k_lo, B, K, KSPAN, KC, SPLIT)
+            xb, xlb = xa, xla
+            if PRE >= 2:
+                xb, xlb = _load_x(in_ptr, bb, k_lo + KC, k_lo, B, K, KSPAN, KC, SPLIT)
+        for k0 in tl.range(k_lo + PRE * KC, k_lo + KSPAN, KC, num_stages=STAGES):
             w = _load_w(wd, rb * R, rows_ok, K, k0, BM, KC, RAW, TMA)
             w2 = w
             if TWO:
                 w2 = _load_w(wd2, rb * R, rows_ok, K, k0, BM, KC, RAW, TMA)
-            acc, acc2 = _chunk(acc, acc2, w, w2, in_ptr, ws_ptr, ws2_ptr, rows, rows_ok, bb, k0, k_lo,
-                               B, K, KSPAN, KC, SB, TWO, FP8, SPLIT, EXACT, XBF16, XT, W8A8)
+            xh, xl = _load_x(in_ptr, bb, k0, k_lo, B, K, KSPAN, KC, SPLIT)
+            acc, acc2 = _chunk(acc, acc2, w, w2, xh, xl, ws_ptr, ws2_ptr, rows, rows_ok, k0,
+                               K, SB, TWO, FP8, SPLIT, EXACT, XBF16, XT, W8A8)
+        if PRE >= 1:
+            acc, acc2 = _chunk(acc, acc2, pa, p2a, xa, xla, ws_ptr, ws2_ptr, rows, rows_ok, k_lo,
+                               K, SB, TWO, FP8, SPLIT, EXACT, XBF16, XT, W8A8)
+            if PRE >= 2:
+                acc, acc2 = _chunk(acc, acc2, pb, p2b, xb, xlb, ws_ptr, ws2_ptr, rows, rows_ok, k_lo + KC,
+                                   K, SB, TWO, FP8, SPLIT, EXACT, XBF16, XT, W8A8)
         if SK == 1:
             _epilogue(acc, acc2, rows, row_end, rb, out_ptr, aux_ptr, xss_ptr, eps, nw2_ptr, xs_ptr, B, N, K, NORM,
                       EPI, XOUT)

@@ -30,7 +30,8 @@ FORMAT = 1
 # The plan fields the tuner moves; shapes (B H D ... S) come from the model and the run.
 TUNABLE = ("R_QKV", "R_O", "R_GU", "R_DOWN", "R_LM", "BK_H", "BK_Q", "BK_I", "NSPLIT", "BLOCK_S", "KV_STAGES",
            "ATTN_NEW", "POOL_O", "POOL_GU", "POOL_DOWN", "POOL_LM", "BATCH_INPUT", "SK_QKV", "SK_O", "SK_GU", "SK_DOWN", "SWAP_TMA",
-           "SWAP_MIN_N", "MMA_V3", "SWAP_CALL", "ATTN_CALL", "ATTN_PAIR")
+           "SWAP_MIN_N", "MMA_V3", "SWAP_CALL", "SWAP_PRE", "ATTN_CALL",
+           "ATTN_PAIR")
 STRATEGIES = ("balanced", "round-robin")
 # Backends that run a tape, and so a plan; the reference runs the torch model.
 PLANNED_BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph", "vm")

@@ -221,6 +221,9 @@ def moves(base: Plan, cand: Candidate, workers: int, cuda: bool) -> list[Candida
         add(replace(p, SWAP_TMA=1 - p.SWAP_TMA))
         add(replace(p, MMA_V3=1 - p.MMA_V3))
         add(replace(p, SWAP_CALL=1 - p.SWAP_CALL))
+        for v in (p.SWAP_PRE + 1, p.SWAP_PRE - 1):
+            if 0 <= v <= 2:
+                add(replace(p, SWAP_PRE=v))
         if p.B <= 8:
             add(replace(p, SWAP_MIN_N=24 - p.SWAP_MIN_N))
     if p.BATCHED and p.BATCH_INPUT != BATCH_INPUTS["fp8"]:

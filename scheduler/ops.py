@@ -156,6 +156,9 @@ class Plan:
     # 1: the persistent kernel calls the weights-on-M tile as a function instead of inlining it, so
     # its registers are allocated apart from the other tiles' (as the sampling tiles are)
     SWAP_CALL: int = 0
+    # 0-2: the weights-on-M tile's first chunks of weights (of 128 columns) taken into registers
+    # before its wait, as the batch-1 register tiles take theirs, and added after the pipelined rest
+    SWAP_PRE: int = 0
     # 1: the persistent kernel calls attention's tile as a function (its own registers): 1-2% faster
     # beside the called mma.sync tile, level or slower on wgmma (docs/performance.md)
     ATTN_CALL: int = 0
@@ -184,6 +187,9 @@ class Plan:
         if self.SWAP_CALL not in (0, 1) or (self.SWAP_CALL and self.BATCHED != 2):
             raise ValueError(f"SWAP_CALL={self.SWAP_CALL}: 0, or 1 on the weights-on-M tile "
                              f"(BATCHED=2; with BATCHED={self.BATCHED} set SWAP_CALL=0)")
+        if self.SWAP_PRE not in (0, 1, 2) or (self.SWAP_PRE and self.BATCHED != 2):
+            raise ValueError(f"SWAP_PRE={self.SWAP_PRE}: 0, or 1 or 2 chunks on the weights-on-M tile "
+                             f"(BATCHED=2; with BATCHED={self.BATCHED} set SWAP_PRE=0)")
         if self.SWAP_MIN_N not in (8, 16):
             raise ValueError(f"SWAP_MIN_N={self.SWAP_MIN_N}: the weights-on-M tile pads the batch to 8 or 16")
         if self.SAMPLE and not (self.SAMPLE_CHUNK >= 1 and -(-self.V // self.SAMPLE_CHUNK) <= 64):
@@ -245,12 +251,13 @@ class Plan:
         0 the register tiles, 1 + BATCH_INPUT the batch-on-M tile, 3 + BATCH_INPUT the weights-on-M one,
         plus 8 (``instructions.common.BT_TMA``) where that one takes its weights by TMA, 16
         (``BT_N16``) where it pads the batch to 16, 32 where its dots are compiled for mma.sync
-        (MMA_V3 0; the tile ignores it: it keys the per-op kernels' compiled code) and 64
-        (``BT_CALL``) where it is called, not inlined (SWAP_CALL)."""
+        (MMA_V3 0; the tile ignores it: it keys the per-op kernels' compiled code), 64
+        (``BT_CALL``) where it is called, not inlined (SWAP_CALL), and 128 (``BT_PRE``) times the
+        chunks it takes before its wait (SWAP_PRE)."""
         if self.BATCHED != 2:
             return 2 * self.BATCHED - 1 + self.BATCH_INPUT if self.BATCHED else 0
         return (3 + self.BATCH_INPUT + 8 * self.SWAP_TMA + (16 if self.SWAP_MIN_N == 16 else 0) + 32 * (1 - self.MMA_V3)
-                + 64 * self.SWAP_CALL)
+                + 64 * self.SWAP_CALL + 128 * self.SWAP_PRE)
 
     @property
     def kv_batch(self) -> int:
@@ -406,7 +413,7 @@ def _balanced_splits(x: PlanInputs, p: Plan) -> dict:
 
 def batch_on_m_plan(p: Plan, workers: int) -> Plan:
     """``p`` (batched) on the batch-on-M tile (BATCHED 1): rows about N / workers, no K-splits."""
-    return replace(p, BATCHED=1, MMA_V3=1, SWAP_CALL=0, BATCH_INPUT=0, R_QKV=batched_qkv_rows(p.QKV_ROWS, p.D, workers),
+    return replace(p, BATCHED=1, MMA_V3=1, SWAP_CALL=0, SWAP_PRE=0, BATCH_INPUT=0, R_QKV=batched_qkv_rows(p.QKV_ROWS, p.D, workers),
                    R_O=batched_rows(p.H, workers),
                    R_GU=batched_rows(p.I, workers), R_DOWN=batched_rows(p.H, workers), R_LM=batched_rows(p.V, workers),
                    SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
@@ -464,6 +471,12 @@ PLAN_RULES: tuple[Rule, ...] = (
          lambda x, p: p.BATCHED == 2 and not p.MMA_V3,
          lambda x, p: dict(SWAP_CALL=1, ATTN_CALL=1),
          "the mma.sync tile and attention's called, not inlined: their own registers, a third of the spills"),
+    # H100: 0.6b batch 8 1.062 -> 1.017 ms, 16 1.245 -> 1.218; 8b 8 5.965 -> 5.893, 16 6.223 -> 6.154
+    # (two chunks: slower, spills; w8a8 slower at either: ``w8a8_plan``)
+    Rule("weights-before-the-wait",
+         lambda x, p: p.BATCHED == 2 and not p.MMA_V3,
+         lambda x, p: dict(SWAP_PRE=1),
+         "the mma.sync tile's first chunk of weights loaded before its wait, as the batch-1 tiles load theirs"),
     Rule("pools",
          lambda x, p: x.B == 1 and not p.BATCHED and cost(p, Op.GATEUP, p.tiles(Op.GATEUP)) >= POOL_MIN_BYTES * x.workers,
          _pools,
@@ -472,6 +485,11 @@ PLAN_RULES: tuple[Rule, ...] = (
          lambda x, p: short_b1_mlp(p, x.workers) and not p.BATCHED,
          lambda x, p: dict(R_GU=max(1, x.rows(p.I, p.H) // 2)),
          "the tape places gate/up by when workers get there (graph.lagged): a tile takes the whole budget"),
+    # H100, 0.6b batch 64 2.467 -> 2.315 ms, 8b 8.432 -> 8.193; batch 32 (256 tiles) 1.547 -> 1.627
+    Rule("attention-pairs",
+         lambda x, p: x.B >= 2 and x.B * p.HKV > x.workers and p.NSPLIT == 1 and p.HKV % 2 == 0 and not p.ATTN_NEW,
+         lambda x, p: dict(ATTN_PAIR=2),
+         "more kv heads than workers: two an attention tile, their cache blocks in flight at once"),
     Rule("new-position-split",
          lambda x, p: p.NSPLIT > 1 and _cdiv(x.S, p.NSPLIT - 1) <= p.BLOCK_S and x.short,
          lambda x, p: dict(ATTN_NEW=1),
@@ -558,8 +576,9 @@ def w8a8_plan(p: Plan, workers: int) -> dict:
     """The fields that put a plan's projections on the weights-on-M tile with FP8 inputs."""
     fields = _swap_plan(p, workers) if p.BATCHED != 2 else {}
     # e4m3 runs on wgmma at every batch (mma.sync was 8% slower at 8b batch 16), the tile called to
-    # batch 16 (2-7% faster at 8b batch 1, 8 and 16; docs/performance.md)
-    return {**fields, "BATCH_INPUT": BATCH_INPUTS["fp8"], "MMA_V3": 1, "SWAP_CALL": int(p.B <= 16),
+    # batch 16 (2-7% faster at 8b batch 1, 8 and 16; docs/performance.md), no weights before the wait
+    # (SWAP_PRE 1: 8b batch 1 3.851 -> 4.605 ms, the e4m3 tile's spills)
+    return {**fields, "BATCH_INPUT": BATCH_INPUTS["fp8"], "MMA_V3": 1, "SWAP_CALL": int(p.B <= 16), "SWAP_PRE": 0,
             **dict.fromkeys(POOL_FIELDS.values(), 0)}
 
 

@@ -13,7 +13,7 @@ from test_reference_vs_hf import random_prompt, rel_err
 @pytest.mark.parametrize("backend,opts,batch_opts", [
     ("reference", {}, {}),
     # one worker: tiles of batch-1 sizes loop over the sequences
-    ("megakernel", {"max_bk": 32}, {"plan_overrides": dict(BATCHED=0, MMA_V3=1, SWAP_CALL=0, R_QKV=8, R_O=8, R_GU=8, R_DOWN=8, R_LM=8)}),
+    ("megakernel", {"max_bk": 32}, {"plan_overrides": dict(BATCHED=0, MMA_V3=1, SWAP_CALL=0, SWAP_PRE=0, R_QKV=8, R_O=8, R_GU=8, R_DOWN=8, R_LM=8)}),
     ("megakernel", {"max_bk": 32}, {}),                                  # the plan's batched tiles
     ("per-op", {"max_bk": 32}, {}),
     ("vm", {"max_bk": 32}, {}),

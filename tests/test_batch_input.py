@@ -20,7 +20,7 @@ SHAPE = dict(hidden=64, intermediate=128, heads=4, kv_heads=1, head_dim=16)
 
 
 # the batch-on-M tile's plan fields for SHAPE (multiples of 8 rows, no K-splits)
-BATCH_ON_M = dict(BATCHED=1, MMA_V3=1, SWAP_CALL=0, R_QKV=16, R_O=16, R_GU=16, R_DOWN=16, R_LM=16, SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
+BATCH_ON_M = dict(BATCHED=1, MMA_V3=1, SWAP_CALL=0, SWAP_PRE=0, R_QKV=16, R_O=16, R_GU=16, R_DOWN=16, R_LM=16, SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
 
 
 def teacher_forced_logits(model, backend, prompts, fed, variant, tile):
@@ -50,6 +50,18 @@ def hf_logits(hf, prompt, fed_b):
     """transformers' logits after each token of ``fed_b`` following the prompt (float32)."""
     ids = torch.tensor([list(prompt) + list(fed_b)])
     return hf(ids).logits[0, len(prompt):].float()
+
+
+def _prompts_and_fed(vocab, seed, batch, steps):
+    """``batch`` random prompts of 1-8 tokens and the tokens fed at each of ``steps`` steps."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [random_prompt(int(n), vocab, seed + i) for i, n in enumerate(torch.randint(1, 9, (batch,), generator=g))]
+    return prompts, torch.randint(0, vocab, (steps, batch), generator=g).tolist()
+
+
+def _hf_batch(hf, prompts, fed):
+    """``hf_logits`` of each sequence, as [steps, B, V]."""
+    return torch.stack([hf_logits(hf, p, [f[b] for f in fed]) for b, p in enumerate(prompts)], 1)
 
 
 @pytest.mark.parametrize("batch,chunk_cols,fp8,tile", [(2, 16, False, 2), (2, 16, False, 1), (17, None, False, 2),
@@ -96,6 +108,27 @@ def test_batch_input_variants_agree_across_backends_and_with_hf(tiny_checkpoint,
     assert not torch.equal(got["bf16"], got["split"])
 
 
+@pytest.mark.parametrize("pre", [1, 2])
+def test_weights_taken_before_the_wait_follow_transformers(tiny_checkpoint, seed, monkeypatch, pre):
+    """SWAP_PRE (a split's first chunks of weights loaded before the wait, added after the rest) at
+    batch 3 with 16-column chunks, so a split has several and a worker several tiles (the later
+    tiles load theirs before their loop): the kernel backends give the same bits (every tile adds
+    its chunks in one order), float32-exact against transformers, and gate/up split over K."""
+    import triton.language as tl
+
+    import instructions.wgmma as wgmma
+    monkeypatch.setattr(wgmma, "KC_SWAP", tl.constexpr(16))
+    tiny = tiny_checkpoint(**SHAPE)
+    model = load_model(str(tiny.folder), device="cpu", dtype=torch.float32, progress=False)
+    prompts, fed = _prompts_and_fed(tiny.vocab_size, seed, 3, 2)
+    want = _hf_batch(tiny.hf, prompts, fed)
+    runs = {be: forced_logits(model, be, prompts, fed, {"SWAP_PRE": pre, "SK_GU": 2}, BATCHED=2) for be in KERNELS}
+    for be in KERNELS[1:]:
+        assert torch.equal(runs[be], runs[KERNELS[0]]), f"SWAP_PRE={pre}: {be} differs from {KERNELS[0]}"
+    err = rel_err(runs[KERNELS[0]], want)
+    assert err < 1e-5, f"SWAP_PRE={pre}: relative error {err:.2e} against transformers"
+
+
 def test_bf16_input_stays_within_transformers_bf16_error(tiny_checkpoint, seed):
     """The default for bf16 weights (rule bf16-input): on bf16 weights (read as float32, so the
     interpreter multiplies the GPU's operands), "bf16" logits are no further from float32
@@ -104,14 +137,8 @@ def test_bf16_input_stays_within_transformers_bf16_error(tiny_checkpoint, seed):
     tiny = tiny_checkpoint(dtype=torch.bfloat16, **SHAPE)
     truth = Qwen3ForCausalLM.from_pretrained(tiny.folder, dtype=torch.float32).eval()
     model = load_model(str(tiny.folder), device="cpu", dtype=torch.float32, progress=False)
-    g = torch.Generator().manual_seed(seed)
-    batch, steps = 3, 3
-    prompts = [random_prompt(int(n), tiny.vocab_size, seed + i)
-               for i, n in enumerate(torch.randint(1, 9, (batch,), generator=g))]
-    fed = torch.randint(0, tiny.vocab_size, (steps, batch), generator=g).tolist()
-    with torch.no_grad():
-        want = torch.stack([hf_logits(truth, p, [fed[s][b] for s in range(steps)]) for b, p in enumerate(prompts)], 1)
-        hf16 = torch.stack([hf_logits(tiny.hf, p, [fed[s][b] for s in range(steps)]) for b, p in enumerate(prompts)], 1)
+    prompts, fed = _prompts_and_fed(tiny.vocab_size, seed, 3, 3)
+    want, hf16 = _hf_batch(truth, prompts, fed), _hf_batch(tiny.hf, prompts, fed)
     ours = teacher_forced_logits(model, "megakernel", prompts, fed, "bf16", 2)
     err, err_hf = rel_err(ours, want), rel_err(hf16, want)
     assert 0 < err <= err_hf, f"bf16 input: {err:.2e} from float32, transformers' bf16 model {err_hf:.2e}"
@@ -129,17 +156,22 @@ def test_batch_input_is_checked():
         dataclasses.replace(plan, BATCH_INPUT=3)
     with pytest.raises(ValueError, match=r"BATCH_INPUT=2 \(fp8, w8a8\) needs FP8 weights"):
         dataclasses.replace(plan, BATCH_INPUT=2)
-    # batch 8 on mma.sync (the rule mma-sync-to-16), its tile called (called-to-16); batch 32 as Triton chooses
+    # batch 8 on mma.sync (the rule mma-sync-to-16), its tile called (called-to-16) and a chunk taken before
+    # the wait (weights-before-the-wait); batch 32 as Triton chooses
     assert plan.BATCHED == 2 and plan.SWAP_TMA == 0 and plan.SWAP_MIN_N == 8 and plan.MMA_V3 == 0
-    assert plan.SWAP_CALL == 1 and plan.BT == 3 + 32 + 64
+    assert plan.SWAP_CALL == 1 and plan.SWAP_PRE == 1 and plan.BT == 3 + 32 + 64 + 128
     assert make_plan(PRESETS["0.6b"], 32, 128, 132).BT == 3
-    assert dataclasses.replace(plan, SWAP_TMA=1, SWAP_MIN_N=16, BATCH_INPUT=1, MMA_V3=1, SWAP_CALL=0).BT == 3 + 1 + 8 + 16
+    assert dataclasses.replace(plan, SWAP_TMA=1, SWAP_MIN_N=16, BATCH_INPUT=1, MMA_V3=1, SWAP_CALL=0,
+                               SWAP_PRE=0).BT == 3 + 1 + 8 + 16
     with pytest.raises(ValueError, match=r"MMA_V3=0: 1, or 0 \(every dot on mma.sync\) on the weights-on-M tile"):
         dataclasses.replace(plan, BATCHED=1, SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
     with pytest.raises(ValueError, match=r"SWAP_CALL=1: .* \(BATCHED=2; with BATCHED=1 set SWAP_CALL=0\)"):
         dataclasses.replace(plan, BATCHED=1, MMA_V3=1, SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
     with pytest.raises(ValueError, match=r"SWAP_MIN_N=32: the weights-on-M tile pads the batch to 8 or 16"):
         dataclasses.replace(plan, SWAP_MIN_N=32)
+    assert dataclasses.replace(plan, SWAP_PRE=2).BT == plan.BT + 128
+    with pytest.raises(ValueError, match=r"SWAP_PRE=3: 0, or 1 or 2 chunks on the weights-on-M tile"):
+        dataclasses.replace(plan, SWAP_PRE=3)
     with pytest.raises(ValueError, match=r"SWAP_TMA=1: 0, or 1 on the weights-on-M tile"):
         dataclasses.replace(plan, SWAP_TMA=1, BATCHED=1, MMA_V3=1, SWAP_CALL=0, SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
 

@@ -464,7 +464,7 @@ def test_e4m3_bf16_decode_is_exact_for_every_byte(route):
     assert torch.equal(out.view(torch.int32 if f32 else torch.int16), ref.view(torch.int32 if f32 else torch.int16))
 
 
-REGISTER_PATHS = dict(BATCHED=0, MMA_V3=1, SWAP_CALL=0, R_QKV=8, R_O=64, R_GU=8, R_DOWN=64, R_LM=8, BK_H=64, BK_Q=128, BK_I=128)
+REGISTER_PATHS = dict(BATCHED=0, MMA_V3=1, SWAP_CALL=0, SWAP_PRE=0, R_QKV=8, R_O=64, R_GU=8, R_DOWN=64, R_LM=8, BK_H=64, BK_Q=128, BK_I=128)
 
 
 @pytest.mark.parametrize("batch", [1, 2])

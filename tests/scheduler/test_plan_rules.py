@@ -52,6 +52,26 @@ def test_large_batches_balance_a_splits_weights_against_the_partials_summed():
     assert (big.SK_O, big.SK_DOWN) == (4, 4) and "balanced-splits" not in [r.name for r, _ in rules]
 
 
+def test_more_kv_heads_than_workers_pair_them_in_attention_tiles():
+    """Where a step has more kv heads (batch x HKV) than workers, an attention tile takes two
+    (ATTN_PAIR 2, one split); at or below the worker count each takes one."""
+    for size in ("0.6b", "8b", "32b"):
+        plan, rules = plan_and_rules(PRESETS[size], 64, 264, 264)
+        assert (plan.ATTN_PAIR, plan.NSPLIT) == (2, 1) and "attention-pairs" in [r.name for r, _ in rules]
+        assert make_plan(PRESETS[size], 32, 264, 264).ATTN_PAIR == 1
+    assert make_plan(PRESETS["0.6b"], 64, 264, 528).ATTN_PAIR == 1
+
+
+def test_the_mma_sync_tile_loads_a_chunk_before_its_wait():
+    """Batches 2 to 16 (the mma.sync tile) load their first chunk of weights before the wait
+    (SWAP_PRE 1); batch 1's register tiles, the wgmma plans from batch 32 and w8a8 (whose e4m3 tile
+    spills with it) do not."""
+    for b, pre in ((1, 0), (2, 1), (16, 1), (32, 0), (64, 0)):
+        plan, rules = plan_and_rules(PRESETS["8b"], b, 392, 264, bf16_inputs=True)
+        assert plan.SWAP_PRE == pre and ("weights-before-the-wait" in [r.name for r, _ in rules]) == bool(pre), b
+        assert make_plan(PRESETS["8b"], b, 392, 264, fp8=True, w8a8=True).SWAP_PRE == 0
+
+
 def test_bf16_weights_round_the_batched_input_to_bf16():
     """bf16 weights on the weights-on-M tile take the input as one bf16 operand (BATCH_INPUT 1);
     float32 models keep "split" (float32-exact), as do batch 1, FP8 (w8a8's e4m3 or weight-only)

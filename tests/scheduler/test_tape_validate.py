@@ -144,7 +144,8 @@ def test_scheduler_imports_no_triton():
 @pytest.fixture
 def tape2():
     """Batch 2 over 2 workers, round-robin: EMBED tile 0 on worker 0, tile 1 on worker 1."""
-    plan = make_plan(TINY["g5"], 2, 64, 2)
+    # one kv head an attention tile (not the rules' pairs), so attention has two groups to confuse
+    plan = dataclasses.replace(make_plan(TINY["g5"], 2, 64, 2), ATTN_PAIR=1)
     tape = build_tape(plan, 2, "round-robin", "megakernel")
     assert [i.op for i in (tape.workers[0][0], tape.workers[1][0])] == [Op.EMBED, Op.EMBED]
     return tape
