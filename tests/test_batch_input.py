@@ -149,8 +149,8 @@ def test_batch_input_is_checked():
     """A plan's BATCH_INPUT outside BATCH_INPUTS is refused with the values it takes; so are the
     weights-on-M tile's feed fields outside their values or off that tile. Each sets its bit of BT."""
     from models.qwen3.config import PRESETS
-    plan = make_plan(PRESETS["0.6b"], 8, 128, 132)
-    assert plan.BATCH_INPUT == BATCH_INPUTS["split"]
+    plan = make_plan(PRESETS["0.6b"], 8, 128, 132, bf16_inputs=True)
+    assert plan.BATCH_INPUT == BATCH_INPUTS["bf16"]
     import dataclasses
     with pytest.raises(ValueError, match=r"BATCH_INPUT=3 is not one of 0 \(split\), 1 \(bf16\), 2 \(fp8\)"):
         dataclasses.replace(plan, BATCH_INPUT=3)
@@ -159,10 +159,11 @@ def test_batch_input_is_checked():
     # batch 8 on mma.sync (the rule mma-sync-to-16), its tile called (called-to-16) and a chunk taken before
     # the wait (weights-before-the-wait); batch 32 as Triton chooses
     assert plan.BATCHED == 2 and plan.SWAP_TMA == 0 and plan.SWAP_MIN_N == 8 and plan.MMA_V3 == 0
-    assert plan.SWAP_CALL == 1 and plan.SWAP_PRE == 1 and plan.BT == 3 + 32 + 64 + 128
+    assert plan.SWAP_CALL == 1 and plan.SWAP_PRE == 1 and plan.BT == 3 + 1 + 32 + 64 + 128
     assert make_plan(PRESETS["0.6b"], 32, 128, 132).BT == 3
-    assert dataclasses.replace(plan, SWAP_TMA=1, SWAP_MIN_N=16, BATCH_INPUT=1, MMA_V3=1, SWAP_CALL=0,
-                               SWAP_PRE=0).BT == 3 + 1 + 8 + 16
+    assert make_plan(PRESETS["0.6b"], 8, 128, 132).SWAP_PRE == 0      # (float32: the rule is bf16's)
+    assert dataclasses.replace(plan, SWAP_TMA=1, SWAP_MIN_N=16, BATCH_INPUT=0, MMA_V3=1, SWAP_CALL=0,
+                               SWAP_PRE=0).BT == 3 + 8 + 16
     with pytest.raises(ValueError, match=r"MMA_V3=0: 1, or 0 \(every dot on mma.sync\) on the weights-on-M tile"):
         dataclasses.replace(plan, BATCHED=1, SK_QKV=1, SK_O=1, SK_GU=1, SK_DOWN=1)
     with pytest.raises(ValueError, match=r"SWAP_CALL=1: .* \(BATCHED=2; with BATCHED=1 set SWAP_CALL=0\)"):

@@ -64,12 +64,13 @@ def test_more_kv_heads_than_workers_pair_them_in_attention_tiles():
 
 def test_the_mma_sync_tile_loads_a_chunk_before_its_wait():
     """Batches 2 to 16 (the mma.sync tile) load their first chunk of weights before the wait
-    (SWAP_PRE 1); batch 1's register tiles, the wgmma plans from batch 32 and w8a8 (whose e4m3 tile
-    spills with it) do not."""
+    (SWAP_PRE 1) with bf16 weights; batch 1's register tiles, the wgmma plans from batch 32 and FP8
+    weights (w8a8's e4m3 tile spills with it) do not."""
     for b, pre in ((1, 0), (2, 1), (16, 1), (32, 0), (64, 0)):
         plan, rules = plan_and_rules(PRESETS["8b"], b, 392, 264, bf16_inputs=True)
         assert plan.SWAP_PRE == pre and ("weights-before-the-wait" in [r.name for r, _ in rules]) == bool(pre), b
         assert make_plan(PRESETS["8b"], b, 392, 264, fp8=True, w8a8=True).SWAP_PRE == 0
+        assert make_plan(PRESETS["8b"], b, 392, 264, fp8=True).SWAP_PRE == 0
 
 
 def test_bf16_weights_round_the_batched_input_to_bf16():
