@@ -185,6 +185,25 @@ def _tile_rows(t, R: tl.constexpr, SK: tl.constexpr, N: tl.constexpr, BM: tl.con
 
 
 @triton.jit
+def _pre_w(w_ptr, w2_ptr, row0, rows_ok, K: tl.constexpr, k_lo, BM: tl.constexpr, KC: tl.constexpr,
+           RAW: tl.constexpr, TWO: tl.constexpr, PRE: tl.constexpr):
+    """A split's first PRE (1 or 2) chunks of weights from column k_lo by pointer loads (``_load_w``),
+    and W2's with TWO: (w, w2) of the first, then of the second (the first's again where PRE is 1)."""
+    pa = _load_w(w_ptr, row0, rows_ok, K, k_lo, BM, KC, RAW, False)
+    p2a = pa
+    if TWO:
+        p2a = _load_w(w2_ptr, row0, rows_ok, K, k_lo, BM, KC, RAW, False)
+    pb = pa
+    p2b = p2a
+    if PRE >= 2:
+        pb = _load_w(w_ptr, row0, rows_ok, K, k_lo + KC, BM, KC, RAW, False)
+        p2b = pb
+        if TWO:
+            p2b = _load_w(w2_ptr, row0, rows_ok, K, k_lo + KC, BM, KC, RAW, False)
+    return pa, p2a, pb, p2b
+
+
+@triton.jit
 def _chunk(acc, acc2, w, w2, xh, xl, ws_ptr, ws2_ptr, rows, rows_ok, k0, K: tl.constexpr,
            SB: tl.constexpr, TWO: tl.constexpr, FP8: tl.constexpr,
            SPLIT: tl.constexpr, EXACT: tl.constexpr, XBF16: tl.constexpr, XT: tl.constexpr, W8A8: tl.constexpr):
@@ -310,21 +329,13 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
         wd2 = _weights_desc(w2_ptr, N, K, BM, KC, TMA)
     bb = tl.arange(0, BP)
     pa = 0
-    pb = 0
     p2a = 0
+    pb = 0
     p2b = 0
     if PRE >= 1:
         rb, ks, rows, rows_ok = _tile_rows(t0, R, SK, N, BM)
         rows_ok = rows_ok & (t0 + tl.zeros([BM], tl.int32) < t1)     # (no tile: nothing read)
-        pa = _load_w(w_ptr, rb * R, rows_ok, K, ks * KSPAN, BM, KC, RAW, False)
-        p2a = pa
-        if TWO:
-            p2a = _load_w(w2_ptr, rb * R, rows_ok, K, ks * KSPAN, BM, KC, RAW, False)
-        if PRE >= 2:
-            pb = _load_w(w_ptr, rb * R, rows_ok, K, ks * KSPAN + KC, BM, KC, RAW, False)
-            p2b = pb
-            if TWO:
-                p2b = _load_w(w2_ptr, rb * R, rows_ok, K, ks * KSPAN + KC, BM, KC, RAW, False)
+        pa, p2a, pb, p2b = _pre_w(w_ptr, w2_ptr, rb * R, rows_ok, K, ks * KSPAN, BM, KC, RAW, TWO, PRE)
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
@@ -336,15 +347,7 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
         k_lo = ks * KSPAN
         if PRE >= 1:
             if t > t0:
-                pa = _load_w(w_ptr, rb * R, rows_ok, K, k_lo, BM, KC, RAW, False)
-                p2a = pa
-                if TWO:
-                    p2a = _load_w(w2_ptr, rb * R, rows_ok, K, k_lo, BM, KC, RAW, False)
-                if PRE >= 2:
-                    pb = _load_w(w_ptr, rb * R, rows_ok, K, k_lo + KC, BM, KC, RAW, False)
-                    p2b = pb
-                    if TWO:
-                        p2b = _load_w(w2_ptr, rb * R, rows_ok, K, k_lo + KC, BM, KC, RAW, False)
+                pa, p2a, pb, p2b = _pre_w(w_ptr, w2_ptr, rb * R, rows_ok, K, k_lo, BM, KC, RAW, TWO, PRE)
             xa, xla = _load_x(in_ptr, bb, k_lo, k_lo, B, K, KSPAN, KC, SPLIT)
             xb, xlb = xa, xla
             if PRE >= 2:
