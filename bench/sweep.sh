@@ -27,6 +27,7 @@ PARTS=(
   "decode-0.6b-a|1|0.6b at batch 1, 4 and 8 beside cuda-graph, torch-compile and hf-compile"
   "decode-0.6b-b|1|0.6b at batch 16 and 32 beside the same peers"
   "decode-0.6b-c|1|0.6b at batch 64 beside the same peers"
+  "decode-1.7b|1|1.7b at batch 1, 8, 16, 32 and 64 beside cuda-graph (issue 50's small-model ratios)"
   "decode-8b-a|1|8b at batch 1 and 4 beside the same peers"
   "decode-8b-b|1|8b at batch 8 and 16 beside the same peers"
   "decode-8b-c|1|8b at batch 32 and 64 beside the same peers"
@@ -57,6 +58,7 @@ commands() {    # the commands of part $1, one a line
     decode-0.6b-a) echo "$BENCH -m 0.6b --batch-size 1,4,8 $PEERS" ;;
     decode-0.6b-b) echo "$BENCH -m 0.6b --batch-size 16,32 $PEERS" ;;
     decode-0.6b-c) echo "$BENCH -m 0.6b --batch-size 64 $PEERS" ;;
+    decode-1.7b)   echo "$BENCH -m 1.7b --batch-size 1,8,16,32,64 --compare cuda-graph" ;;
     decode-8b-a)   echo "$BENCH -m 8b --batch-size 1,4 $PEERS" ;;
     decode-8b-b)   echo "$BENCH -m 8b --batch-size 8,16 $PEERS" ;;
     decode-8b-c)   echo "$BENCH -m 8b --batch-size 32,64 $PEERS" ;;
