@@ -284,8 +284,9 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
     this stage's ticket word per row block. ``XIN``: the input contract (module doc; XIN_FP8 takes
     effect with FP8 weights, the others' inputs go in split), plus BT_TMA to take the weights by
     tensor descriptor (TMA; not FP8 weight-only's int32 words, nor K rows whose bytes are not a
-    multiple of 16, which TMA cannot stride) and BT_N16 to pad the batch to 16. Returns the wait's
-    last counter value."""
+    multiple of 16, which TMA cannot stride), BT_N16 to pad the batch to 16, and BT_PRE times the
+    chunks of each split taken into registers before its loop (the first tile's before the wait) and
+    added after it. Returns the wait's last counter value."""
     tl.static_assert(R <= 128, "a weights-on-M tile holds at most 128 rows")
     BM: tl.constexpr = 64 if R <= 64 else 128
     # the batch as the dot's N, from 16 with BT_N16: Triton 3.6 (the GPU machines') lowers an N of 8
