@@ -277,6 +277,18 @@ def _kv_pair_block(kc_ptr, vc_ptr, coff, start, kv_end, dd, dmask, D: tl.constex
 
 
 @triton.jit
+def _tile_block(kc_ptr, vc_ptr, coff, start, kv_end, dd, dmask, D: tl.constexpr, S: tl.constexpr, W: tl.constexpr,
+                P: tl.constexpr):
+    """A tile's first block of cached keys and values: one head's (``_kv_block``), or with P 2 its
+    two heads' stacked (``_kv_pair_block``)."""
+    if P == 2:
+        kt, vt = _kv_pair_block(kc_ptr, vc_ptr, coff, start, kv_end, dd, dmask, D, S, W)
+    else:
+        kt, vt = _kv_block(kc_ptr, vc_ptr, coff, start, kv_end, dd, dmask, D, W)
+    return kt, vt
+
+
+@triton.jit
 def _attend_pair(t, kt, vt, kv_end, coff, pos, qkv_ptr, kc_ptr, vc_ptr, attn_ptr, eps, inv_freq, qn, qn_p, kn, kn_p,
                  D: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, S: tl.constexpr, W: tl.constexpr,
                  D_PAD: tl.constexpr, G_PAD: tl.constexpr, NSTAGE: tl.constexpr, tr, TRACE: tl.constexpr):
@@ -384,10 +396,7 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
     # The first tile's first KV block is loaded before the wait: positions before the new one
     # were written by earlier steps, so like weights they never wait on this step's producers.
     lo, kv_end, coff, pos, chunk = _split_range(t0, layer, lengths_ptr, step, KV_B, D, HKV, S, NSPLIT, BLOCK_S, NEW, P)
-    if P == 2:
-        kt, vt = _kv_pair_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, S, W)
-    else:
-        kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
+    kt, vt = _tile_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, S, W, P)
     seen = target
     if WAIT:
         # Every split waits, an empty one too: the tickets of (b, g) serve every layer and step, so
@@ -400,10 +409,7 @@ def attn_tile(t0, t1, layer, qkv_ptr, qn_ptr, kn_ptr, inv_freq_ptr, lengths_ptr,
         if t > t0:
             lo, kv_end, coff, pos, chunk = _split_range(t, layer, lengths_ptr, step, KV_B, D, HKV, S, NSPLIT, BLOCK_S,
                                                         NEW, P)
-            if P == 2:
-                kt, vt = _kv_pair_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, S, W)
-            else:
-                kt, vt = _kv_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, W)
+            kt, vt = _tile_block(kc_ptr, vc_ptr, coff, lo, kv_end, dd, dmask, D, S, W, P)
         _split(t, kt, vt, lo, kv_end, coff, pos, chunk, qkv_ptr, kc_ptr, vc_ptr, opart_ptr, ml_ptr,
                tickets_ptr, attn_ptr, eps, inv_freq, qn, qn_p, kn, kn_p, D, HQ, HKV, NSPLIT, BLOCK_S, W, D_PAD,
                G_PAD, NSPLIT_PAD, STAGES, NEW, tr, TRACE, P, S)

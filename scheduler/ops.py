@@ -472,8 +472,8 @@ PLAN_RULES: tuple[Rule, ...] = (
          lambda x, p: dict(SWAP_CALL=1, ATTN_CALL=1),
          "the mma.sync tile and attention's called, not inlined: their own registers, a third of the spills"),
     # H100: 0.6b batch 8 1.062 -> 1.017 ms, 16 1.245 -> 1.218; 8b 8 5.965 -> 5.893, 16 6.223 -> 6.154
-    # (two chunks: slower, spills; w8a8 slower at either: ``w8a8_plan``; timed on bf16 weights only,
-    # FP8 weight-only's decoded chunk is likely to spill as w8a8's did)
+    # (two chunks: slower, spills). bf16 weights only: w8a8's e4m3 tile spilled with it (8b batch 1
+    # 3.851 -> 4.605), and FP8 weight-only's decoded chunk is likely to spill alike (untimed)
     Rule("weights-before-the-wait",
          lambda x, p: x.bf16 and p.BATCHED == 2 and not p.MMA_V3,
          lambda x, p: dict(SWAP_PRE=1),
@@ -577,9 +577,8 @@ def w8a8_plan(p: Plan, workers: int) -> dict:
     """The fields that put a plan's projections on the weights-on-M tile with FP8 inputs."""
     fields = _swap_plan(p, workers) if p.BATCHED != 2 else {}
     # e4m3 runs on wgmma at every batch (mma.sync was 8% slower at 8b batch 16), the tile called to
-    # batch 16 (2-7% faster at 8b batch 1, 8 and 16; docs/performance.md), no weights before the wait
-    # (SWAP_PRE 1: 8b batch 1 3.851 -> 4.605 ms, the e4m3 tile's spills)
-    return {**fields, "BATCH_INPUT": BATCH_INPUTS["fp8"], "MMA_V3": 1, "SWAP_CALL": int(p.B <= 16), "SWAP_PRE": 0,
+    # batch 16 (2-7% faster at 8b batch 1, 8 and 16; docs/performance.md)
+    return {**fields, "BATCH_INPUT": BATCH_INPUTS["fp8"], "MMA_V3": 1, "SWAP_CALL": int(p.B <= 16),
             **dict.fromkeys(POOL_FIELDS.values(), 0)}
 
 

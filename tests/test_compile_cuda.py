@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 # samples on the device (its three sampling tiles and attention's, ATTN_CALL, called from the
 # persistent kernel); w8a8 at batch 1
 # (its projections on the weights-on-M tile with e4m3 inputs); batch 16 as the rules plan it, every
-# dot on mma.sync (MMA_V3=0: compiled with Triton's DISABLE_MMA_V3; a chunk before the wait, SWAP_PRE); batch 64 with two kv heads an
-# attention tile (ATTN_PAIR)
+# dot on mma.sync (MMA_V3=0: compiled with Triton's DISABLE_MMA_V3; a chunk before the wait,
+# SWAP_PRE); batch 64 with two kv heads an attention tile (ATTN_PAIR)
 WGMMA = {"SWAP_MIN_N": 16, "MMA_V3": 1, "SWAP_CALL": 0, "SWAP_PRE": 0}   # (no chunk taken before the wait)
 
 

@@ -39,34 +39,14 @@ def _one_step(model, backend, prompt, batch_input="split", **overrides):
 @pytest.mark.parametrize("batch_input", ["split", "bf16"])     # the plan's BATCH_INPUT (scheduler.ops)
 @pytest.mark.parametrize("batch", [13, 17, 32, 64])     # 13: mma.sync (MMA_V3 0), the others wgmma
 def test_per_op_step_equals_megakernel_bitwise(batch, batch_input):
-    model = _model("0.6b")
-    prompt = _prompt(model.config.vocab_size, (batch, 24))
-    mega, mega_before, mega_plan = _one_step(model, "megakernel", prompt, batch_input)
-    per_op, per_op_before, per_op_plan = _one_step(model, "per-op", prompt, batch_input)
-    assert mega_plan == per_op_plan, "the two backends chose different tiles: nothing to compare bit for bit"
-    assert all(torch.equal(a, b) for a, b in zip(mega_before, per_op_before)), "the prefills differ"
-    print(f"plan {mega_plan}")
-    parted = _parted(mega, per_op)
-    assert not parted, "per-op parts from megakernel after one step: " + "; ".join(parted)
-    del model
-    torch.cuda.empty_cache()
+    print(f"plan {_per_op_against_megakernel(batch, batch_input)}")
 
 
 @pytest.mark.parametrize("batch", [32, 64])
 def test_attention_pair_per_op_equals_megakernel_bitwise(batch):
     """Two kv heads an attention tile (ATTN_PAIR 2, one split): the per-op kernels and the persistent
     kernel still compute the step bit for bit alike."""
-    model = _model("0.6b")
-    prompt = _prompt(model.config.vocab_size, (batch, 24))
-    pair = dict(ATTN_PAIR=2, NSPLIT=1, ATTN_NEW=0)
-    mega, mega_before, mega_plan = _one_step(model, "megakernel", prompt, "bf16", **pair)
-    per_op, per_op_before, per_op_plan = _one_step(model, "per-op", prompt, "bf16", **pair)
-    assert mega_plan == per_op_plan and mega_plan["ATTN_PAIR"] == 2
-    assert all(torch.equal(a, b) for a, b in zip(mega_before, per_op_before)), "the prefills differ"
-    parted = _parted(mega, per_op)
-    assert not parted, "per-op parts from megakernel after one step: " + "; ".join(parted)
-    del model
-    torch.cuda.empty_cache()
+    assert _per_op_against_megakernel(batch, "bf16", ATTN_PAIR=2, NSPLIT=1, ATTN_NEW=0)["ATTN_PAIR"] == 2
 
 
 @pytest.mark.parametrize("pre", [1, 2])
@@ -74,16 +54,23 @@ def test_attention_pair_per_op_equals_megakernel_bitwise(batch):
 def test_weights_before_the_wait_per_op_equals_megakernel_bitwise(batch, pre):
     """SWAP_PRE (the weights-on-M tile's first chunks loaded before its wait, added after the rest):
     the per-op kernels and the persistent kernel still compute the step bit for bit alike."""
+    assert _per_op_against_megakernel(batch, "bf16", SWAP_PRE=pre)["SWAP_PRE"] == pre
+
+
+def _per_op_against_megakernel(batch: int, batch_input: str, **overrides) -> dict:
+    """One 0.6b step at ``batch`` on per-op and on the megakernel under one plan (with ``overrides``):
+    asserts the same prefill and every buffer bit for bit alike after the step; returns the plan."""
     model = _model("0.6b")
     prompt = _prompt(model.config.vocab_size, (batch, 24))
-    mega, mega_before, mega_plan = _one_step(model, "megakernel", prompt, "bf16", SWAP_PRE=pre)
-    per_op, per_op_before, per_op_plan = _one_step(model, "per-op", prompt, "bf16", SWAP_PRE=pre)
-    assert mega_plan == per_op_plan and mega_plan["SWAP_PRE"] == pre
+    mega, mega_before, mega_plan = _one_step(model, "megakernel", prompt, batch_input, **overrides)
+    per_op, per_op_before, per_op_plan = _one_step(model, "per-op", prompt, batch_input, **overrides)
+    assert mega_plan == per_op_plan, "the two backends chose different tiles: nothing to compare bit for bit"
     assert all(torch.equal(a, b) for a, b in zip(mega_before, per_op_before)), "the prefills differ"
     parted = _parted(mega, per_op)
     assert not parted, "per-op parts from megakernel after one step: " + "; ".join(parted)
     del model
     torch.cuda.empty_cache()
+    return mega_plan
 
 
 def _parted(one: dict, other: dict) -> list[str]:
