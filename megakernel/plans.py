@@ -246,7 +246,8 @@ def quant_name(quantization: str | None, w8a8: bool = False) -> str:
 
 
 def tune_command(key: Key, model: str = "MODEL") -> str:
-    return f"python -m megakernel.tune --model {model} --batch-size {key.batch} --max-seq-len {key.context}"
+    quant = {"fp8": " --quantize fp8 --fp8-activations none", "fp8-w8a8": " --quantize fp8"}.get(key.quant, "")
+    return f"python -m megakernel.tune --model {model} --batch-size {key.batch} --max-seq-len {key.context}{quant}"
 
 
 def choose(choice: str, device, cfg, dtype, batch: int, max_seq_len: int, backend: str = "megakernel",

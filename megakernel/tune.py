@@ -276,7 +276,7 @@ class Tuner:
 
     def __init__(self, model, batch_size: int, max_seq_len: int, prompt_len: int = 128, steps: int | None = None,
                  reps: int | None = None, timer: Callable = _default_timer, clock: Callable[[], float] = time.monotonic,
-                 log: Callable[[str], None] | None = None, seed: int = 0):
+                 log: Callable[[str], None] | None = None, seed: int = 0, fp8_activations: str | None = None):
         from .backends import default_workers
         from .runtime import MegaQwen3
         dev = model.device
@@ -288,7 +288,10 @@ class Tuner:
         if max_seq_len < 2 + self.steps:
             raise ValueError(f"max_seq_len {max_seq_len} leaves no room for a prompt and {self.steps} steps")
         # the reference backend first (no kernel to build); each candidate brings its own
-        self.mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=batch_size, backend="reference", plan="rules")
+        # (FP8 weights: the scheme a run would take, ``fp8_activations`` or the checkpoint's; its
+        # tiles differ, so it names the plan's key)
+        self.mk = MegaQwen3(model, max_seq_len=max_seq_len, batch_size=batch_size, backend="reference", plan="rules",
+                            fp8_activations=fp8_activations)
         self.mk.backend_name = "megakernel"
         self.cuda = dev.type == "cuda"
         self.sms = default_workers(dev) if self.cuda else 0
@@ -298,7 +301,7 @@ class Tuner:
         g = torch.Generator().manual_seed(seed)
         self.prompt = torch.randint(0, model.config.vocab_size, (batch_size, P), generator=g)
         self.key = plans.Key.of(dev, model.config, model.dtype, batch_size, max_seq_len,
-                                quant=model.weights.quantization)
+                                quant=plans.quant_name(model.weights.quantization, self.mk.w8a8))
         self.measured: dict[Candidate, Measured] = {}
 
     def workers(self, cand: Candidate) -> int:
@@ -446,7 +449,7 @@ class Tuner:
 def tune(model, batch_sizes, max_seq_lens, budget_s: float, prompt_len: int = 128, steps: int | None = None,
          reps: int | None = None, timer: Callable = _default_timer, clock: Callable[[], float] = time.monotonic,
          log: Callable[[str], None] | None = None, show_progress: bool | None = None,
-         cache: Path | None = None) -> list[Outcome]:
+         cache: Path | None = None, fp8_activations: str | None = None) -> list[Outcome]:
     """Tune every (batch size, max_seq_len), sharing ``budget_s`` among those left, and write each
     result to the plan cache as soon as it is known (so Ctrl-C loses nothing measured)."""
     from tqdm import tqdm
@@ -465,7 +468,7 @@ def tune(model, batch_sizes, max_seq_lens, budget_s: float, prompt_len: int = 12
             bar.set_postfix_str(f"best {best_ms:.4f} ms/step" if best_ms else "", refresh=True)
 
         tuner = Tuner(model, B, S, prompt_len, steps, reps, timer=timer, clock=clock,
-                      log=lambda msg: bar.write(msg, file=sys.stderr), seed=i)
+                      log=lambda msg: bar.write(msg, file=sys.stderr), seed=i, fp8_activations=fp8_activations)
         log(f"tuning batch {B}, max_seq_len {S} (context bucket {tuner.key.context}), budget {share:.0f} s")
         try:
             out = tuner.search(share, progress)
@@ -524,6 +527,12 @@ def build_parser() -> cli.Parser:
                         f"GPU, {CPU_DEFAULTS['reps']} on the CPU)")
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="weight dtype (default: bfloat16 on a GPU, float32 on the CPU)")
+    p.add_argument("--quantize", choices=("fp8",), default=None,
+                   help="fp8: tune the plan of block-FP8 projections (quantized on load, as bench and generate "
+                        "take it; an -FP8 checkpoint is FP8 already)")
+    p.add_argument("--fp8-activations", choices=("dynamic", "none"), default=None,
+                   help="FP8 weights: the scheme to tune, dynamic (w8a8, the default) or none (weight-only); "
+                        "each has its own plans")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: the best available)")
     p.add_argument("--force-cpu", action="store_true",
                    help="tune a real-sized model on the CPU anyway (Triton's interpreter: minutes a step)")
@@ -555,11 +564,17 @@ def main(argv=None) -> int:
         source = locate_model(args.model, random_weights=args.random_weights)
         if dev.type == "cpu" and source.config.num_parameters() > CPU_MAX_PARAMS and not args.force_cpu:
             raise cli.UsageError(_cpu_refusal(args.model, source.config.num_parameters()))
-        model = source.load(dev, dtype, progress=sys.stderr.isatty())
-        print(f"tuning {args.model} ({plans.shape_name(model.config)}, {plans.dtype_name(model.dtype)}) on "
+        if args.fp8_activations and not (args.quantize or source.quantization):
+            raise cli.UsageError("--fp8-activations is for FP8 weights: add --quantize fp8 (or tune an -FP8 checkpoint)")
+        model = source.load(dev, dtype, progress=sys.stderr.isatty(), quantize=args.quantize)
+        from .runtime import fp8_scheme
+        scheme = fp8_scheme(model.weights.quantization, args.fp8_activations)
+        fp8 = "" if scheme is None else f", FP8 {'w8a8' if scheme == 'dynamic' else 'weight-only'} projections"
+        print(f"tuning {args.model} ({plans.shape_name(model.config)}, {plans.dtype_name(model.dtype)}{fp8}) on "
               f"{plans.device_name(dev)}, Triton {plans.triton_version()}; cache {plans.cache_path()}",
               file=sys.stderr)
-        outcomes = tune(model, batches, lens, args.budget_s, args.prompt_len, args.steps, args.reps)
+        outcomes = tune(model, batches, lens, args.budget_s, args.prompt_len, args.steps, args.reps,
+                        fp8_activations=args.fp8_activations)
         for out in outcomes:
             e = out.entry
             gain = 100 * (e.rules_ms / e.tuned_ms - 1) if e and e.tuned_ms else 0.0

@@ -158,6 +158,24 @@ def test_a_plan_tuned_on_16_bit_weights_is_not_used_for_fp8(tiny_model):
     assert mk.backend.plan.KV_STAGES == 2
 
 
+def test_fp8_plans_are_tuned_under_the_scheme_a_run_takes(tiny_checkpoint):
+    """FP8 weights are tuned in the scheme a run takes (w8a8 unless asked otherwise), each scheme
+    under its own key: a w8a8 run finds the plan tuned for w8a8, a weight-only run does not."""
+    from megakernel import MegaQwen3, load_model, plans, tune
+    model = load_model(str(tiny_checkpoint(**SHAPE).folder), device="cpu", progress=False, quantize="fp8")
+    clock = FakeClock()
+    (out,) = tune.tune(model, [1], [48], budget_s=0, timer=fake_timer(clock, lambda plan: 1.0), clock=clock,
+                       show_progress=False)
+    assert out.entry.key.quant == "fp8-w8a8" and out.entry.key.context == 64
+    assert tune.Tuner(model, 1, 48, fp8_activations="none").key.quant == "fp8"
+    w8a8 = MegaQwen3(model, max_seq_len=40, backend="megakernel")
+    assert w8a8.w8a8 and w8a8.plan_choice.name == "tuned"
+    weight_only = MegaQwen3(model, max_seq_len=40, backend="megakernel", fp8_activations="none")
+    assert weight_only.plan_choice.name == "rules"
+    with pytest.raises(ValueError, match="--quantize fp8 --fp8-activations none"):
+        plans.choose("tuned", "cpu", model.config, model.dtype, 1, 40, quant="fp8")
+
+
 @pytest.mark.parametrize("text", ["{not json", '{"format": 99, "entries": {}}', "[1, 2]",
                                   '{"format": 1, "entries": {"k": {"key": {"device": "x"}}}}'])
 def test_a_corrupt_cache_is_ignored_with_a_warning(tiny_model, capsys, text):
@@ -277,6 +295,8 @@ def test_cli_tunes_and_generate_and_bench_use_it(tmp_path):
     ("megakernel.tune", ["-m", "tiny-random", "--random-weights", "--batch-size", "1,x"], "--batch-size takes"),
     ("megakernel.tune", ["-m", "tiny-random", "--random-weights", "--max-seq-len", "2"], "leaves no room"),
     ("megakernel.tune", ["-m", "0.6b", "--random-weights"], "--force-cpu"),
+    ("megakernel.tune", ["-m", "tiny-random", "--random-weights", "--fp8-activations", "none"],
+     "--fp8-activations is for FP8 weights"),
     ("megakernel.generate", ["-m", "tiny-random", "--random-weights", "--plan", "tuned", "--backend", "megakernel"],
      "no tuned plan"),
     ("megakernel.generate", ["-m", "tiny-random", "--random-weights", "--plan", "fast"], "invalid choice"),
