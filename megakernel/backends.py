@@ -60,7 +60,7 @@ def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = N
     plan where it runs one (``megakernel.plans``), then any fields overridden (experiments). The
     persistent and per-op backends both use it, so with the same workers their numbers agree bit
     for bit. ``tp_swap`` (the backends' option): a tensor-parallel batch on the weights-on-M tile,
-    which the rules do not yet choose (``scheduler.ops.plan_and_rules``)."""
+    which the rules do not choose: not yet deterministic on GPUs (``scheduler.ops.plan_and_rules``)."""
     fp8 = mk.weights.quantization == "fp8"
     plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk, num_warps=num_warps,
                      tp=getattr(mk, "tp", 1), fp8=fp8, w8a8=getattr(mk, "w8a8", False), tp_swap=tp_swap,

@@ -533,8 +533,9 @@ def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit:
 
     Under TP the rules' batched plans stay on the batch-on-M tile (``batch_on_m_plan``) unless
     ``tp_swap`` or w8a8 is asked for: the weights-on-M tile runs there (REDUCE writes the xs and
-    xss it reads, ``instructions/allreduce.py``) and is tested on the CPU, but has not yet been
-    timed against batch-on-M on GPUs, so it is not yet the default (``TP_SWAP_RULE``)."""
+    xss it reads, ``instructions/allreduce.py``) and is exact on the CPU; on two H100s it was 10%
+    faster than batch-on-M but its tokens differed between launches of one and of many steps (a
+    race not yet found, docs/performance.md), so it is not the default (``TP_SWAP_RULE``)."""
     if not 1 <= batch_size <= MAX_BATCH:
         raise ValueError(f"batch size {batch_size} is outside what the kernels run: 1 to {MAX_BATCH}")
     x = PlanInputs(cfg, batch_size, max_seq_len, workers, max_bk, TILE_ELEMS * num_warps // 4, nsplit is not None,
@@ -550,7 +551,7 @@ def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit:
         if tp_swap or (fp8 and w8a8):
             fired.append((TP_SWAP_RULE, {}))
         else:
-            # not yet measured on a GPU: TP keeps the batch-on-M tile by default (docstring)
+            # not deterministic on GPUs yet: TP keeps the batch-on-M tile by default (docstring)
             plan = batch_on_m_plan(plan, workers)
     if tp > 1:
         # REDUCE tiles: few enough that the cross-GPU polls stay few (one per rank a tile), at
@@ -569,8 +570,8 @@ def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit:
 W8A8_RULE = Rule("w8a8", lambda x, p: False, lambda x, p: {},
                  "FP8 activations: every projection on the weights-on-M tile with e4m3 inputs (batch 1 too)")
 TP_SWAP_RULE = Rule("tp-swap", lambda x, p: False, lambda x, p: {},
-                    "tensor parallel on the weights-on-M tile, as asked (tp_swap, or w8a8): not yet the default "
-                    "until timed against batch-on-M on GPUs")
+                    "tensor parallel on the weights-on-M tile, as asked (tp_swap, or w8a8): not the default, "
+                    "since on GPUs its tokens differed between launches (docs/performance.md)")
 
 
 def w8a8_plan(p: Plan, workers: int) -> dict:
@@ -588,7 +589,7 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
     """Tile sizes for ``cfg`` at ``batch_size`` and ``max_seq_len`` on ``workers`` workers: the base
     plan with ``PLAN_RULES`` applied (``plan_and_rules`` says which fired). ``tp`` > 1: ``cfg`` is
     one rank's shapes, and the step adds the ranks' partial sums after O and down; ``tp_swap``: its
-    batched plans on the weights-on-M tile (not yet the default, ``plan_and_rules``). ``fp8``: the
+    batched plans on the weights-on-M tile (not the default, ``plan_and_rules``). ``fp8``: the
     plan of FP8 projections (their bytes in ``cost``; the kernels read the format from the weights)."""
     return plan_and_rules(cfg, batch_size, max_seq_len, workers, nsplit, lm_rows, max_bk, num_warps, tp=tp,
                           fp8=fp8, w8a8=w8a8, tp_swap=tp_swap, bf16_inputs=bf16_inputs)[0]

@@ -158,12 +158,14 @@ def test_tp2_on_the_weights_on_m_tile(tp_checkpoint, overrides):
     """TP 2 with its batch on the weights-on-M tile (``tp_swap``; O's and down's partials with and
     without K-splits): TP 1's tokens on every backend, the ranks equal to the bit, and the per-op
     backend (REDUCE on the host, then ``xs_kernel``) equal to the megakernel (``reduce_tile`` with
-    XS) to the bit, logits and the xs and xss the last REDUCE wrote."""
+    XS) to the bit, logits and the xs and xss the last REDUCE wrote. The megakernel runs launches of
+    three steps (the others one), as on GPUs, where this tile's launches of many steps parted from
+    its launches of one (docs/performance.md, "Plans of TP > 1")."""
     folder = str(tp_checkpoint.folder)
     backends = ("reference", "vm", "per-op", "megakernel")
     one = tp_ranks.decode(0, 1, folder, ["reference"], PROMPTS, 5)["reference"]
     ranks = tp_mod.spawn(2, functools.partial(tp_ranks.decode, tp_swap=True, plan_overrides=overrides), 2, folder,
-                         backends, PROMPTS, 5, timeout_s=600)
+                         backends, PROMPTS, 5, 3, timeout_s=600)
     assert_tp2_equals_tp1(ranks, one, backends)
     for r in range(2):
         for be in ("vm", "per-op", "megakernel"):

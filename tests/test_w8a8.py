@@ -165,9 +165,10 @@ def test_fp8_scheme_is_chosen_or_refused_before_any_work():
         fp8_scheme(None, "dynamic")
     with pytest.raises(ValueError, match="choose one of dynamic, none"):
         fp8_scheme("fp8", "static")
-    # tensor parallel: w8a8 where asked (its plans on the weights-on-M tile); weight-only by default
-    # until that tile is measured at TP on GPUs
-    assert fp8_scheme("fp8", "dynamic", tp=2) == "dynamic"
+    # tensor parallel: w8a8 where asked (its plans on the weights-on-M tile, which has not been
+    # deterministic at TP on GPUs: a warning says so); weight-only by default
+    with pytest.warns(UserWarning, match="differed between launches"):
+        assert fp8_scheme("fp8", "dynamic", tp=2) == "dynamic"
     with pytest.warns(UserWarning, match="run weight-only"):
         assert fp8_scheme("fp8", None, tp=2) == "none"
 
