@@ -45,6 +45,7 @@ PARTS=(
   "tp-32b|4|32b at TP 1, 2 and 4, batch 1 and 8, beside cuda-graph at the same TP"
   "tune-0.6b|1|python -m megakernel.tune for 0.6b (batch 1 and 8), then rules against tuned"
   "tune-8b|1|python -m megakernel.tune for 8b (batch 1 and 8), then rules against tuned"
+  "tune-8b-w8a8|1|python -m megakernel.tune for 8b with FP8 w8a8 projections (batch 1 and 8), then rules against tuned"
   "serve-0.6b|1|the server under load (megakernel.loadtest --serve): 0.6b at 1, 8, 32 and 64 clients"
   "serve-0.6b-eager|1|the same with --prefill-graphs off (the eager prefill)"
   "serve-8b|1|the server under load: 8b at 1, 8, 32 and 64 clients"
@@ -74,6 +75,9 @@ commands() {    # the commands of part $1, one a line
                        echo "$BENCH -m 32b --quantize fp8 --fp8-activations $a --batch-size 1 --compare megakernel"; done ;;
     tp-*)          for tp in 1 2 4; do
                        echo "$BENCH -m ${1#tp-} --tp $tp --batch-size 1,8 --compare cuda-graph"; done ;;
+    tune-*-w8a8)   local m=${1#tune-}; m=${m%-w8a8}
+                   echo "python -m megakernel.tune -m $m --random-weights --quantize fp8 --batch-size 1,8 --max-seq-len 264 --budget-s 300"
+                   echo "$BENCH -m $m --quantize fp8 --batch-size 1,8 --plan rules,tuned --compare cuda-graph" ;;
     tune-*)        # the bench's max_seq_len is 128 + 128 + 8 = 264: tune that bucket
                    echo "python -m megakernel.tune -m ${1#tune-} --random-weights --batch-size 1,8 --max-seq-len 264 --budget-s 300"
                    echo "$BENCH -m ${1#tune-} --batch-size 1,8 --plan rules,tuned --compare cuda-graph" ;;
