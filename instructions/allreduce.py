@@ -51,11 +51,13 @@ from .common import ACQUIRE, RELAXED, RELEASE, STORE, wait_counter
 from .kind import DeviceKind, split_rows, weight_rows
 from .matvec import next_norm
 from .tiles import TICK_DOWN, TICK_O, TICK_STRIDE, gemv_tile
-from .wgmma import SS_ROWS, write_xs_seq
+from .wgmma import SS_ROWS, write_xs, write_xs_seq
 
 # ``seen`` codes of a REDUCE that gave up (below every legal count, which is >= 0)
 PEER_TIMEOUT: tl.constexpr = tl.constexpr(-16)          # - r: rank r's flag never reached this step
 ABORTED: tl.constexpr = tl.constexpr(-(1 << 20))        # - r: rank r wrote the abort word
+# sequences a REDUCE tile adds at once (their loads in flight together; more would only cost registers)
+RED_BB: tl.constexpr = tl.constexpr(8)
 
 
 @triton.jit
@@ -115,24 +117,33 @@ def reduce_tile(t0, t1, slot, part_ptr, x_ptr, peers_ptr, flags_ptr, cnt_ptr, ta
                 _reduce_xs(t0, t1, slot, off, x_ptr, peers_ptr, input_norm_ptr, post_norm_ptr, final_norm_ptr,
                            xs_ptr, xss_ptr, B, H, R, TP, L)
             else:
+                BB: tl.constexpr = 1 if B <= 1 else 2 if B <= 2 else 4 if B <= 4 else RED_BB
                 for t in range(t0, t1):
                     rows = t * R + tl.arange(0, R)
-                    for b in range(B):
-                        x = _add_partials(rows, b, off, x_ptr, peers_ptr, H, TP)
-                        tl.store(x_ptr + b * H + rows, x, mask=rows < H)
+                    for b0 in range(0, B, BB):
+                        bb = b0 + tl.arange(0, BB)
+                        x = _add_partials(rows, bb, off, x_ptr, peers_ptr, B, H, TP)
+                        tl.store(x_ptr + bb[None, :] * H + rows[:, None], x, mask=_rows_ok(rows, bb, B, H))
     return seen
 
 
 @triton.jit
-def _add_partials(rows, b, off, x_ptr, peers_ptr, H: tl.constexpr, TP: tl.constexpr):
-    """x[b, rows] plus the ranks' partials of those rows, summed in rank order. The caller stores it:
-    triton-ascend cannot lower a call whose returned value is dropped."""
-    m = rows < H
-    acc = tl.zeros(rows.shape, dtype=tl.float32)
+def _rows_ok(rows, bb, B: tl.constexpr, H: tl.constexpr):
+    return (rows < H)[:, None] & (bb < B)[None, :]
+
+
+@triton.jit
+def _add_partials(rows, bb, off, x_ptr, peers_ptr, B: tl.constexpr, H: tl.constexpr, TP: tl.constexpr):
+    """x[bb, rows] plus the ranks' partials of those rows, summed in rank order, as [rows, bb]: every
+    sequence's loads of a tile in flight at once (one a sequence paid a round trip to the peers
+    each). The caller stores it: triton-ascend cannot lower a call whose returned value is dropped."""
+    m = _rows_ok(rows, bb, B, H)
+    offs = bb[None, :] * H + rows[:, None]
+    acc = tl.zeros([rows.shape[0], bb.shape[0]], dtype=tl.float32)
     for r in tl.static_range(TP):
         part = tl.load(peers_ptr + r).to(tl.pointer_type(tl.float32))
-        acc += tl.load(part + off + b * H + rows, mask=m, other=0.0, cache_modifier=".cv")
-    return tl.load(x_ptr + b * H + rows, mask=m, other=0.0, cache_modifier=".cg") + acc
+        acc += tl.load(part + off + offs, mask=m, other=0.0, cache_modifier=".cv")
+    return tl.load(x_ptr + offs, mask=m, other=0.0, cache_modifier=".cg") + acc
 
 
 @triton.jit
@@ -155,13 +166,16 @@ def _reduce_xs(t0, t1, slot, off, x_ptr, peers_ptr, input_norm_ptr, post_norm_pt
     xss (``wgmma.write_xs``) with the norm weight of ``slot_norm``."""
     tl.static_assert((R // SS_ROWS) * SS_ROWS == R, "a REDUCE tile of the weights-on-M plans is whole 64-column blocks")
     nw_ptr = slot_norm(slot, input_norm_ptr, post_norm_ptr, final_norm_ptr, H, L)
+    BB: tl.constexpr = 1 if B <= 1 else 2 if B <= 2 else 4 if B <= 4 else RED_BB
     for t in range(t0, t1):
         for c in tl.static_range(R // SS_ROWS):
             rows = t * R + c * SS_ROWS + tl.arange(0, SS_ROWS)
-            for b in range(B):
-                x = _add_partials(rows, b, off, x_ptr, peers_ptr, H, TP)
-                tl.store(x_ptr + b * H + rows, x, mask=rows < H)
-                write_xs_seq(x, rows, b, (t * R) // SS_ROWS + c, nw_ptr, xs_ptr, xss_ptr, B, H)
+            for b0 in range(0, B, BB):
+                bb = b0 + tl.arange(0, BB)
+                x = _add_partials(rows, bb, off, x_ptr, peers_ptr, B, H, TP)
+                ok = _rows_ok(rows, bb, B, H)
+                tl.store(x_ptr + bb[None, :] * H + rows[:, None], x, mask=ok)
+                write_xs(x, rows, ok, bb, nw_ptr, xs_ptr, xss_ptr, (t * R) // SS_ROWS + c, B, H)
 
 
 # The per-op kernels: a program per tile, no wait, no pool.
