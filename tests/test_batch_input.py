@@ -182,9 +182,10 @@ def test_tma_weights_and_wider_padding_give_the_same_bits(tiny_checkpoint, seed,
     """SWAP_TMA=1 (the weights-on-M tile's weights by tensor descriptor) gives the pointer loads' logits
     bit for bit on each kernel backend: with 48-row QKV blocks a 64-row chunk also reads the next
     block's rows, and the last block reads past the matrix (zeros); gate/up split over K reads past
-    its split's columns, where the input is masked. So do the batch padded to 16 (SWAP_MIN_N) and the
-    tile called rather than inlined (SWAP_CALL, and attention's, ATTN_CALL; the interpreter inlines
-    nothing, so this checks the dispatch, and the GPU's bitwise test the code)."""
+    its split's columns, where the input is masked. So does the tile called rather than inlined
+    (SWAP_CALL, and attention's, ATTN_CALL; the interpreter inlines nothing, so this checks the
+    dispatch, and the GPU's bitwise test the code); the batch padded to 16 (SWAP_MIN_N) gives them
+    within float32 rounding (below)."""
     tiny = tiny_checkpoint(**SHAPE)
     model = load_model(str(tiny.folder), device="cpu", dtype=torch.float32, progress=False)
     g = torch.Generator().manual_seed(seed)
@@ -196,6 +197,10 @@ def test_tma_weights_and_wider_padding_give_the_same_bits(tiny_checkpoint, seed,
                                                         "ATTN_CALL": attn, "R_QKV": 48, "SK_GU": 2}, BATCHED=2)
                 for tma, min_n, call, attn in ((0, 8, 0, 0), (1, 8, 0, 0), (0, 16, 0, 0), (0, 8, 1, 0), (0, 8, 0, 1))]
         assert torch.equal(runs[0], runs[1]), f"{be}: TMA weights differ from pointer loads"
-        assert torch.equal(runs[0], runs[2]), f"{be}: the batch padded to 16 differs from 8"
+        # not to the bit here: the interpreter's dot is numpy's sgemm, which on some CPUs rounds a
+        # product differently by its N (on an AMD EPYC, 200 of 200 random [64, K] x [K, 8 or 16]
+        # products parted in their shared columns), so the padding is held to float32 rounding
+        torch.testing.assert_close(runs[2], runs[0], rtol=1e-5, atol=1e-5,
+                                   msg=f"{be}: the batch padded to 16 differs from 8")
         assert torch.equal(runs[0], runs[3]), f"{be}: the tile called differs from the tile inlined"
         assert torch.equal(runs[0], runs[4]), f"{be}: attention's tile called differs from it inlined"
