@@ -6,6 +6,7 @@
 #   bash bench/sweep.sh --list            # the parts, what each runs, the GPUs it needs
 #   bash bench/sweep.sh --print PART      # its commands, without running them
 #   bash bench/sweep.sh PART [PART...]    # run them (exit status 1 if any command failed)
+#   python -m bench.coverage              # per GPU type, the parts whose rows the table still lacks
 #
 # A part's time is a guess from earlier runs (compiled peers take 30-75 s to compile per setting; on
 # an H100 one call fit 0.6b at batch 1, 4 and 8 with every peer, or 8b at two batches, so run one
