@@ -113,11 +113,11 @@ def reduce_tile(t0, t1, slot, part_ptr, x_ptr, peers_ptr, flags_ptr, cnt_ptr, ta
                     seen = PEER_TIMEOUT - r
         if seen >= 0:
             off = tl.cast(slot, tl.int64) * (B * H)
+            BB: tl.constexpr = 1 if B <= 1 else 2 if B <= 2 else 4 if B <= 4 else RED_BB
             if XS:
                 _reduce_xs(t0, t1, slot, off, x_ptr, peers_ptr, input_norm_ptr, post_norm_ptr, final_norm_ptr,
-                           xs_ptr, xss_ptr, B, H, R, TP, L)
+                           xs_ptr, xss_ptr, B, H, R, TP, L, BB)
             else:
-                BB: tl.constexpr = 1 if B <= 1 else 2 if B <= 2 else 4 if B <= 4 else RED_BB
                 for t in range(t0, t1):
                     rows = t * R + tl.arange(0, R)
                     for b0 in range(0, B, BB):
@@ -161,12 +161,12 @@ def slot_norm(slot, input_norm_ptr, post_norm_ptr, final_norm_ptr, H: tl.constex
 
 @triton.jit
 def _reduce_xs(t0, t1, slot, off, x_ptr, peers_ptr, input_norm_ptr, post_norm_ptr, final_norm_ptr, xs_ptr, xss_ptr,
-               B: tl.constexpr, H: tl.constexpr, R: tl.constexpr, TP: tl.constexpr, L: tl.constexpr):
-    """``reduce_tile``'s sums a block of SS_ROWS rows at a time, each block's new x also written to xs and
-    xss (``wgmma.write_xs``) with the norm weight of ``slot_norm``."""
+               B: tl.constexpr, H: tl.constexpr, R: tl.constexpr, TP: tl.constexpr, L: tl.constexpr,
+               BB: tl.constexpr):
+    """``reduce_tile``'s sums a block of SS_ROWS rows (and BB sequences) at a time, each block's new x
+    also written to xs and xss (``wgmma.write_xs``) with the norm weight of ``slot_norm``."""
     tl.static_assert((R // SS_ROWS) * SS_ROWS == R, "a REDUCE tile of the weights-on-M plans is whole 64-column blocks")
     nw_ptr = slot_norm(slot, input_norm_ptr, post_norm_ptr, final_norm_ptr, H, L)
-    BB: tl.constexpr = 1 if B <= 1 else 2 if B <= 2 else 4 if B <= 4 else RED_BB
     for t in range(t0, t1):
         for c in tl.static_range(R // SS_ROWS):
             rows = t * R + c * SS_ROWS + tl.arange(0, SS_ROWS)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 import time
+import warnings
 from typing import Callable, Sequence
 
 import torch
@@ -139,14 +140,12 @@ def fp8_scheme(quantization: str | None, asked: str | None, tp: int = 1) -> str 
             raise ValueError("fp8_activations 'dynamic' (w8a8) needs FP8 weights: an -FP8 checkpoint or --quantize fp8")
         return None
     if tp > 1 and asked == "dynamic":
-        import warnings
         warnings.warn(f"FP8 activations (w8a8) at --tp {tp} run on the weights-on-M tile under TP, whose tokens on "
                       f"GPUs have differed between launches of one and of many steps (a race not yet found; "
                       f"docs/performance.md, 'Plans of TP > 1'): compare with --fp8-activations none", stacklevel=3)
         return asked
     if tp > 1 and asked is None:
         # w8a8 runs there only on the weights-on-M tile, not yet TP's default (docstring)
-        import warnings
         warnings.warn(f"FP8 activations (w8a8) are not the default at --tp {tp} (its weights-on-M tile under TP "
                       f"has not been deterministic on GPUs): FP8 weights run weight-only; --fp8-activations dynamic "
                       f"asks for w8a8", stacklevel=3)
