@@ -55,12 +55,12 @@ def default_workers(device: torch.device) -> int:
 
 
 def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = None, num_warps: int = 4,
-              tp_swap: bool = False) -> Plan:
+              tp_swap: bool = True) -> Plan:
     """The tile sizes for ``workers`` workers: the rules' plan, with the fields of ``mk``'s tuned
     plan where it runs one (``megakernel.plans``), then any fields overridden (experiments). The
     persistent and per-op backends both use it, so with the same workers their numbers agree bit
-    for bit. ``tp_swap`` (the backends' option): a tensor-parallel batch on the weights-on-M tile,
-    which the rules do not choose: not yet deterministic on GPUs (``scheduler.ops.plan_and_rules``)."""
+    for bit. ``tp_swap`` (the backends' option): a tensor-parallel batch on the weights-on-M tile (the
+    default), or with False on the batch-on-M tile, for comparison (``scheduler.ops.plan_and_rules``)."""
     fp8 = mk.weights.quantization == "fp8"
     plan = make_plan(mk.config, mk.batch_size, mk.max_seq_len, workers, max_bk=max_bk, num_warps=num_warps,
                      tp=getattr(mk, "tp", 1), fp8=fp8, w8a8=getattr(mk, "w8a8", False), tp_swap=tp_swap,
@@ -145,9 +145,9 @@ class PersistentBackend:
     def __init__(self, mk, mode: str = "megakernel", num_workers: int | None = None,
                  strategy: str = "balanced", spin: int | None = None, num_warps: int = 4, trace: int = 0,
                  workers_per_sm: int = WORKERS_PER_SM, max_bk: int = MAX_BK, plan_overrides: dict | None = None,
-                 prefetch_tape: bool | None = None, tp_swap: bool = False):
+                 prefetch_tape: bool | None = None, tp_swap: bool = True):
         _check_kernel_device(mk, mode)
-        self.tp_swap = bool(tp_swap)      # tile_plan's: TP batches on the weights-on-M tile (opt-in)
+        self.tp_swap = bool(tp_swap)      # tile_plan's: False puts TP batches on the batch-on-M tile
         # triton-ascend cannot lower the vector tape fetch (tests/npu_lowering.py): scalar there
         self.prefetch_tape = prefetch_tape if prefetch_tape is not None else mk.weights.device.type != "npu"
         self.plan_overrides = plan_overrides or {}
@@ -466,7 +466,7 @@ class PerOpBackend:
 
     def __init__(self, mk, num_workers: int | None = None, num_warps: int = 4, graph: bool = False,
                  workers_per_sm: int = WORKERS_PER_SM, max_bk: int = MAX_BK, plan_overrides: dict | None = None,
-                 tp_swap: bool = False, **_):
+                 tp_swap: bool = True, **_):
         _check_kernel_device(mk, "cuda-graph" if graph else "per-op")
         dev = mk.weights.device
         if graph and dev.type != "cuda":

@@ -129,9 +129,8 @@ def fp8_scheme(quantization: str | None, asked: str | None, tp: int = 1) -> str 
     for 16-bit weights. A choice that cannot run is refused here, before any work.
 
     Tensor parallelism runs w8a8 where asked ("dynamic": its plans then take the weights-on-M tile,
-    whose xs REDUCE writes, ``scheduler.ops.plan_and_rules``), with a warning, and by default stays
-    weight-only, also with a warning: w8a8 needs the weights-on-M tile, which the TP rules do not
-    choose: on two H100s it was 10% faster than batch-on-M but not deterministic (docs/performance.md)."""
+    whose xs REDUCE writes, ``scheduler.ops.plan_and_rules``) and by default stays weight-only, with a
+    warning: w8a8 under TP has not yet been timed on GPUs (docs/performance.md, "Plans of TP > 1")."""
     from models.qwen3.fp8 import ACTIVATION_SCHEMES
     if asked is not None and asked not in ACTIVATION_SCHEMES:
         raise ValueError(f"fp8_activations {asked!r}: choose one of {', '.join(ACTIVATION_SCHEMES)}")
@@ -139,16 +138,9 @@ def fp8_scheme(quantization: str | None, asked: str | None, tp: int = 1) -> str 
         if asked == "dynamic":
             raise ValueError("fp8_activations 'dynamic' (w8a8) needs FP8 weights: an -FP8 checkpoint or --quantize fp8")
         return None
-    if tp > 1 and asked == "dynamic":
-        warnings.warn(f"FP8 activations (w8a8) at --tp {tp} run on the weights-on-M tile under TP, whose tokens on "
-                      f"GPUs have differed between launches of one and of many steps (a race not yet found; "
-                      f"docs/performance.md, 'Plans of TP > 1'): compare with --fp8-activations none", stacklevel=3)
-        return asked
     if tp > 1 and asked is None:
-        # w8a8 runs there only on the weights-on-M tile, not yet TP's default (docstring)
-        warnings.warn(f"FP8 activations (w8a8) are not the default at --tp {tp} (its weights-on-M tile under TP "
-                      f"has not been deterministic on GPUs): FP8 weights run weight-only; --fp8-activations dynamic "
-                      f"asks for w8a8", stacklevel=3)
+        warnings.warn(f"FP8 activations (w8a8) are not the default at --tp {tp} (not yet timed under TP on GPUs): "
+                      f"FP8 weights run weight-only; --fp8-activations dynamic asks for w8a8", stacklevel=3)
         return "none"
     return asked or "dynamic"
 

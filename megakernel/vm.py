@@ -32,7 +32,7 @@ class VMBackend:
     """Decode steps of ``mk`` (a ``MegaQwen3``) by interpreting its tape with torch references."""
 
     def __init__(self, mk, num_workers: int | None = 1, strategy: str = "balanced", mode: str = "megakernel",
-                 check: bool = True, plan_overrides: dict | None = None, tp_swap: bool = False, **_):
+                 check: bool = True, plan_overrides: dict | None = None, tp_swap: bool = True, **_):
         self.mk = mk
         if getattr(mk, "w8a8", False):
             raise ValueError("the vm backend's references multiply weight-only FP8; build it with "

@@ -521,7 +521,7 @@ def _base_plan(x: PlanInputs, nsplit: int | None, lm_rows: int | None) -> Plan:
 
 def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
                    lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4, tp: int = 1,
-                   fp8: bool = False, w8a8: bool = False, tp_swap: bool = False,
+                   fp8: bool = False, w8a8: bool = False, tp_swap: bool = True,
                    bf16_inputs: bool = False) -> tuple[Plan, list[tuple[Rule, dict]]]:
     """``make_plan``'s plan, and the rules of ``PLAN_RULES`` that fired with the fields each set.
     ``tp`` > 1: ``cfg`` is one rank's shapes (``models.qwen3.tp.shard_config``). ``fp8`` (FP8
@@ -531,11 +531,11 @@ def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit:
     (the model's dtype), so the weights-on-M tile may round its input to one bf16 operand (rule
     ``bf16-input``; float32 models keep the float32-exact "split", and TP, not yet timed with it).
 
-    Under TP the rules' batched plans stay on the batch-on-M tile (``batch_on_m_plan``) unless
-    ``tp_swap`` or w8a8 is asked for: the weights-on-M tile runs there (REDUCE writes the xs and
-    xss it reads, ``instructions/allreduce.py``) and is exact on the CPU; on two H100s it was 10%
-    faster than batch-on-M but its tokens differed between launches of one and of many steps (a
-    race not yet found, docs/performance.md), so it is not the default (``TP_SWAP_RULE``)."""
+    Under TP the rules' batched plans take the weights-on-M tile as at TP 1 (REDUCE writes the xs and
+    xss it reads, ``instructions/allreduce.py``); ``tp_swap=False`` keeps them on the older batch-on-M
+    tile (``batch_on_m_plan``, rule ``tp-batch-on-m``), for comparison. On two H200s at 8b batch 8 the
+    weights-on-M tile took 3.34 ms a step against 6.58 (docs/performance.md, "Plans of TP > 1").
+    w8a8 needs the weights-on-M tile at any ``tp``."""
     if not 1 <= batch_size <= MAX_BATCH:
         raise ValueError(f"batch size {batch_size} is outside what the kernels run: 1 to {MAX_BATCH}")
     x = PlanInputs(cfg, batch_size, max_seq_len, workers, max_bk, TILE_ELEMS * num_warps // 4, nsplit is not None,
@@ -547,12 +547,9 @@ def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit:
             fields = rule.then(x, plan)
             plan = replace(plan, **fields)
             fired.append((rule, fields))
-    if tp > 1 and plan.BATCHED == 2:
-        if tp_swap or (fp8 and w8a8):
-            fired.append((TP_SWAP_RULE, {}))
-        else:
-            # not deterministic on GPUs yet: TP keeps the batch-on-M tile by default (docstring)
-            plan = batch_on_m_plan(plan, workers)
+    if tp > 1 and plan.BATCHED == 2 and not tp_swap and not (fp8 and w8a8):
+        plan = batch_on_m_plan(plan, workers)
+        fired.append((TP_BATCH_ON_M_RULE, {}))
     if tp > 1:
         # REDUCE tiles: few enough that the cross-GPU polls stay few (one per rank a tile), at
         # least 128 rows, so a tile's peer reads are whole 512-byte runs per sequence (and, for
@@ -569,9 +566,9 @@ def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit:
 
 W8A8_RULE = Rule("w8a8", lambda x, p: False, lambda x, p: {},
                  "FP8 activations: every projection on the weights-on-M tile with e4m3 inputs (batch 1 too)")
-TP_SWAP_RULE = Rule("tp-swap", lambda x, p: False, lambda x, p: {},
-                    "tensor parallel on the weights-on-M tile, as asked (tp_swap, or w8a8): not the default, "
-                    "since on GPUs its tokens differed between launches (docs/performance.md)")
+TP_BATCH_ON_M_RULE = Rule("tp-batch-on-m", lambda x, p: False, lambda x, p: {},
+                          "tensor parallel on the batch-on-M tile, as asked (tp_swap=False): the plan TP ran "
+                          "before its REDUCE wrote xs, kept for comparison")
 
 
 def w8a8_plan(p: Plan, workers: int) -> dict:
@@ -585,11 +582,11 @@ def w8a8_plan(p: Plan, workers: int) -> dict:
 
 def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int | None = None,
               lm_rows: int | None = None, max_bk: int = MAX_BK, num_warps: int = 4, tp: int = 1,
-              fp8: bool = False, w8a8: bool = False, tp_swap: bool = False, bf16_inputs: bool = False) -> Plan:
+              fp8: bool = False, w8a8: bool = False, tp_swap: bool = True, bf16_inputs: bool = False) -> Plan:
     """Tile sizes for ``cfg`` at ``batch_size`` and ``max_seq_len`` on ``workers`` workers: the base
     plan with ``PLAN_RULES`` applied (``plan_and_rules`` says which fired). ``tp`` > 1: ``cfg`` is
-    one rank's shapes, and the step adds the ranks' partial sums after O and down; ``tp_swap``: its
-    batched plans on the weights-on-M tile (not the default, ``plan_and_rules``). ``fp8``: the
+    one rank's shapes, and the step adds the ranks' partial sums after O and down; ``tp_swap=False``:
+    its batched plans on the batch-on-M tile (``plan_and_rules``). ``fp8``: the
     plan of FP8 projections (their bytes in ``cost``; the kernels read the format from the weights)."""
     return plan_and_rules(cfg, batch_size, max_seq_len, workers, nsplit, lm_rows, max_bk, num_warps, tp=tp,
                           fp8=fp8, w8a8=w8a8, tp_swap=tp_swap, bf16_inputs=bf16_inputs)[0]

@@ -76,9 +76,9 @@ def test_kernel_backends_agree_at_tp_bf16(checkpoint, tp):
 @pytest.mark.parametrize("swap", [False, True], ids=["batch-on-M", "weights-on-M"])
 def test_tp_launches_of_one_and_of_many_steps_agree(checkpoint, tp, swap):
     """At batch 8 in bf16 the megakernel's tokens from one launch of 64 steps equal those of 64 launches
-    of one step, on the TP plans' batch-on-M tile and on the weights-on-M tile (``tp_swap``). The
-    second failed on two H100s at 8b (the bench's teacher-forced agreement 0.953: docs/performance.md,
-    "Plans of TP > 1"), a race not yet found; this is its reproduction on the test's shapes."""
+    of one step, on the TP plans' weights-on-M tile (the default) and on the batch-on-M tile
+    (``tp_swap=False``). The first parted on two H100s at 8b before the REDUCE added its sequences
+    together (the bench's teacher-forced agreement 0.953: docs/performance.md, "Plans of TP > 1")."""
     folder, prompts = str(checkpoint.folder), _prompts(8, 2)
     run = functools.partial(tp_ranks.decode, tp_swap=swap)
     many = tp_mod.spawn(tp, run, tp, folder, ["megakernel"], prompts, STEPS, STEPS, 96, "bfloat16", False, "cuda")

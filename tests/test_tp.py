@@ -83,17 +83,17 @@ def test_tp_tapes_are_valid(name, tp, workers, batch, mode):
 
 
 @pytest.mark.parametrize("name,tp,workers,batch", [("8b", 2, 264, 8), ("14b", 4, 132, 8), ("0.6b", 2, 8, 2)])
-def test_tp_batches_stay_on_batch_on_m_unless_asked(name, tp, workers, batch):
-    """The rules keep a TP batch on the batch-on-M tile (the weights-on-M tile is not yet timed at
-    TP on GPUs); ``tp_swap`` puts it on the weights-on-M tile as at TP 1: 64-row O and down blocks,
-    their K-splits, REDUCE tiles of whole 64-column blocks, a valid tape, a plan the tuner accepts."""
+def test_tp_batches_take_the_weights_on_m_tile_unless_asked(name, tp, workers, batch):
+    """A TP batch takes the weights-on-M tile as at TP 1: 64-row O and down blocks, their K-splits,
+    REDUCE tiles of whole 64-column blocks, a valid tape, a plan the tuner accepts; ``tp_swap=False``
+    keeps it on the batch-on-M tile (rule ``tp-batch-on-m``)."""
     from megakernel.tune import check_plan
     from scheduler.ops import Plan, batch_on_m_plan, plan_and_rules
     cfg = shard_config(PRESETS[name], tp)
-    plan, fired = plan_and_rules(cfg, batch, 4096, workers, tp=tp)
-    assert plan.BATCHED == 1 and "tp-swap" not in [r.name for r, _ in fired]
-    swap, fired = plan_and_rules(cfg, batch, 4096, workers, tp=tp, tp_swap=True)
-    assert "tp-swap" in [r.name for r, _ in fired]
+    plan, fired = plan_and_rules(cfg, batch, 4096, workers, tp=tp, tp_swap=False)
+    assert plan.BATCHED == 1 and "tp-batch-on-m" in [r.name for r, _ in fired]
+    swap, fired = plan_and_rules(cfg, batch, 4096, workers, tp=tp)
+    assert "tp-batch-on-m" not in [r.name for r, _ in fired]
     one = make_plan(cfg, batch, 4096, workers)       # TP 1's plan of the same shapes
     assert (swap.BATCHED, swap.R_O, swap.R_DOWN, swap.TP) == (2, 64, 64, tp) and swap.R_AR % 64 == 0
     assert (swap.SK_QKV, swap.SK_O, swap.SK_GU, swap.SK_DOWN) == (one.SK_QKV, one.SK_O, one.SK_GU, one.SK_DOWN)
@@ -155,16 +155,15 @@ def test_tp2_megakernel_several_steps_a_launch(tp_checkpoint):
 
 @pytest.mark.parametrize("overrides", [None, {"SK_O": 2, "SK_DOWN": 2}], ids=["whole-K", "K-splits"])
 def test_tp2_on_the_weights_on_m_tile(tp_checkpoint, overrides):
-    """TP 2 with its batch on the weights-on-M tile (``tp_swap``; O's and down's partials with and
+    """TP 2 with its batch on the weights-on-M tile (the default; O's and down's partials with and
     without K-splits): TP 1's tokens on every backend, the ranks equal to the bit, and the per-op
     backend (REDUCE on the host, then ``xs_kernel``) equal to the megakernel (``reduce_tile`` with
     XS) to the bit, logits and the xs and xss the last REDUCE wrote. The megakernel runs launches of
-    three steps (the others one), as on GPUs, where this tile's launches of many steps parted from
-    its launches of one (docs/performance.md, "Plans of TP > 1")."""
+    three steps (the others one), so a step's REDUCE follows the last one's in the same launch."""
     folder = str(tp_checkpoint.folder)
     backends = ("reference", "vm", "per-op", "megakernel")
     one = tp_ranks.decode(0, 1, folder, ["reference"], PROMPTS, 5)["reference"]
-    ranks = tp_mod.spawn(2, functools.partial(tp_ranks.decode, tp_swap=True, plan_overrides=overrides), 2, folder,
+    ranks = tp_mod.spawn(2, functools.partial(tp_ranks.decode, plan_overrides=overrides), 2, folder,
                          backends, PROMPTS, 5, 3, timeout_s=600)
     assert_tp2_equals_tp1(ranks, one, backends)
     for r in range(2):
