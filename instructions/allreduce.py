@@ -113,7 +113,9 @@ def reduce_tile(t0, t1, slot, part_ptr, x_ptr, peers_ptr, flags_ptr, cnt_ptr, ta
                     seen = PEER_TIMEOUT - r
         if seen >= 0:
             off = tl.cast(slot, tl.int64) * (B * H)
-            BB: tl.constexpr = 1 if B <= 1 else 2 if B <= 2 else 4 if B <= 4 else RED_BB
+            # at least 2 (batch 1 pads a masked column): a one-column block is loaded whole by every
+            # thread (``_add_partials``), 64 loads each where two columns take one
+            BB: tl.constexpr = 2 if B <= 2 else 4 if B <= 4 else RED_BB
             if XS:
                 _reduce_xs(t0, t1, slot, off, x_ptr, peers_ptr, input_norm_ptr, post_norm_ptr, final_norm_ptr,
                            xs_ptr, xss_ptr, B, H, R, TP, L, BB)
@@ -123,6 +125,7 @@ def reduce_tile(t0, t1, slot, part_ptr, x_ptr, peers_ptr, flags_ptr, cnt_ptr, ta
                     for b0 in range(0, B, BB):
                         bb = b0 + tl.arange(0, BB)
                         x = _add_partials(rows, bb, off, x_ptr, peers_ptr, B, H, TP)
+                        tl.debug_barrier()      # every thread's loads of x before any store (``_add_partials``)
                         tl.store(x_ptr + bb[None, :] * H + rows[:, None], x, mask=_rows_ok(rows, bb, B, H))
     return seen
 
@@ -136,7 +139,13 @@ def _rows_ok(rows, bb, B: tl.constexpr, H: tl.constexpr):
 def _add_partials(rows, bb, off, x_ptr, peers_ptr, B: tl.constexpr, H: tl.constexpr, TP: tl.constexpr):
     """x[bb, rows] plus the ranks' partials of those rows, summed in rank order, as [rows, bb]: every
     sequence's loads of a tile in flight at once (one a sequence paid a round trip to the peers
-    each). The caller stores it: triton-ascend cannot lower a call whose returned value is dropped."""
+    each). The caller stores it: triton-ascend cannot lower a call whose returned value is dropped.
+
+    The caller puts a barrier between this and its store of x: where the block's layout holds an
+    element in several threads (Triton replicates small blocks; a one-column block was loaded whole
+    by every thread), a warp that stored its rows of the new x before another warp loaded them gave
+    that warp x plus the sum twice, and the xs and xss it wrote from them. On two H200s the weights-
+    on-M plans' REDUCE at batch 1 so parted between launches of one and of many steps."""
     m = _rows_ok(rows, bb, B, H)
     offs = bb[None, :] * H + rows[:, None]
     acc = tl.zeros([rows.shape[0], bb.shape[0]], dtype=tl.float32)
@@ -174,6 +183,7 @@ def _reduce_xs(t0, t1, slot, off, x_ptr, peers_ptr, input_norm_ptr, post_norm_pt
                 bb = b0 + tl.arange(0, BB)
                 x = _add_partials(rows, bb, off, x_ptr, peers_ptr, B, H, TP)
                 ok = _rows_ok(rows, bb, B, H)
+                tl.debug_barrier()      # every thread's loads of x before any store (``_add_partials``)
                 tl.store(x_ptr + bb[None, :] * H + rows[:, None], x, mask=ok)
                 write_xs(x, rows, ok, bb, nw_ptr, xs_ptr, xss_ptr, (t * R) // SS_ROWS + c, B, H)
 
