@@ -360,10 +360,11 @@ def plot_series(series: dict, xlabel: str, ylabel: str, title: str, path: Path, 
 def plot_rows(rows: list[dict], outdir: str | Path, include_cpu: bool = False) -> list[Path]:
     """Per device, model and dtype: ms/step over batch size (at the shortest prompt), ms/step over
     prompt length (at the smallest batch) and prefill ms over prompt length, one line per backend,
-    where a setting has two or more points. Returns the files written."""
+    where a setting has two or more points; one GPU's rows only (TP's have their own plot, whose
+    later rows would otherwise stand in for TP 1's points). Returns the files written."""
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    rows = [r for r in rows if include_cpu or not _is_cpu(r)]
+    rows = [r for r in rows if (include_cpu or not _is_cpu(r)) and _tp(r) == 1]
     written = []
     for dev, model, dtype in sorted({(r["device"], r["model"], precision(r)) for r in rows}):
         mine = [r for r in rows if (r["device"], r["model"], precision(r)) == (dev, model, dtype)]

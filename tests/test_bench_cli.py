@@ -241,3 +241,19 @@ def test_help_shows_defaults_without_rest_quoting():
     assert r.returncode == 0
     assert "``" not in r.stdout and "(default: 1)" in r.stdout and "(default: 64)" in r.stdout
     assert "-n N, --max-new-tokens N, --new-tokens N" in r.stdout and "-m MODEL, --model MODEL" in r.stdout
+
+
+def test_plots_per_model_leave_tensor_parallel_rows_to_their_own(tmp_path, monkeypatch):
+    """A later TP 2 row at a batch the TP 1 rows also have does not stand in for TP 1's point in the
+    model's ms-over-batch plot."""
+    from megakernel import results
+    drawn = {}
+    monkeypatch.setattr(results, "plot_series", lambda series, *a, **k: drawn.setdefault(a[3].name, series))
+    row = dict(device="NVIDIA H200", model="8b", dtype="bfloat16", prompt_len=128, backend="megakernel",
+               new_tokens=128, floor_ms=1.0)
+    rows = [dict(row, batch_size=1, ms_per_step=4.1, time="2026-11-01T00:00:00"),
+            dict(row, batch_size=8, ms_per_step=4.4, time="2026-11-01T00:00:01"),
+            dict(row, batch_size=8, ms_per_step=3.3, tp=2, time="2026-11-02T00:00:00")]
+    results.plot_rows(rows, tmp_path)
+    (name, series), = [(n, s) for n, s in drawn.items() if n.endswith("-batch.png")]
+    assert [y for _, y in series["megakernel"]] == [4.1, 4.4]

@@ -72,15 +72,23 @@ def test_kernel_backends_agree_at_tp_bf16(checkpoint, tp):
             assert agree >= 0.9, (backend, agree)
 
 
+# (batch, tp_swap, the FP8 activation scheme or None for bf16 weights)
+LAUNCH_CASES = {"batch-on-M": (8, False, None), "weights-on-M": (8, True, None), "w8a8-batch-1": (1, True, "dynamic")}
+
+
 @pytest.mark.parametrize("tp", _tps())
-@pytest.mark.parametrize("swap", [False, True], ids=["batch-on-M", "weights-on-M"])
-def test_tp_launches_of_one_and_of_many_steps_agree(checkpoint, tp, swap):
-    """At batch 8 in bf16 the megakernel's tokens from one launch of 64 steps equal those of 64 launches
-    of one step, on the TP plans' weights-on-M tile (the default) and on the batch-on-M tile
-    (``tp_swap=False``). The first parted on two H100s at 8b before the REDUCE added its sequences
-    together (the bench's teacher-forced agreement 0.953: docs/performance.md, "Plans of TP > 1")."""
-    folder, prompts = str(checkpoint.folder), _prompts(8, 2)
-    run = functools.partial(tp_ranks.decode, tp_swap=swap)
+@pytest.mark.parametrize("case", list(LAUNCH_CASES))
+def test_tp_launches_of_one_and_of_many_steps_agree(checkpoint, tp, case):
+    """The megakernel's tokens from one launch of 64 steps equal those of 64 launches of one step: at
+    batch 8 in bf16 on the TP plans' weights-on-M tile (the default) and on the batch-on-M tile
+    (``tp_swap=False``), and at batch 1 with FP8 w8a8, which runs the weights-on-M tile at batch 1.
+    The REDUCE's in-place sum once parted there between launches (8b on two H200s, from step 1-4;
+    at batch 8 on two H100s before it added its sequences together: docs/performance.md, "Plans of
+    TP > 1")."""
+    batch, swap, fp8 = LAUNCH_CASES[case]
+    folder, prompts = str(checkpoint.folder), _prompts(batch, 2)
+    run = functools.partial(tp_ranks.decode, tp_swap=swap, quantize="fp8" if fp8 else None,
+                            **({"fp8_activations": fp8} if fp8 else {}))
     many = tp_mod.spawn(tp, run, tp, folder, ["megakernel"], prompts, STEPS, STEPS, 96, "bfloat16", False, "cuda")
     one = tp_mod.spawn(tp, run, tp, folder, ["megakernel"], prompts, STEPS, 1, 96, "bfloat16", False, "cuda")
     assert many[0]["plans"]["megakernel"]["BATCHED"] == (2 if swap else 1)
