@@ -130,7 +130,8 @@ def fp8_scheme(quantization: str | None, asked: str | None, tp: int = 1) -> str 
 
     Tensor parallelism runs w8a8 where asked ("dynamic": its plans then take the weights-on-M tile,
     whose xs REDUCE writes, ``scheduler.ops.plan_and_rules``) and by default stays weight-only, with a
-    warning: w8a8 under TP has not yet been timed on GPUs (docs/performance.md, "Plans of TP > 1")."""
+    warning: at 8b TP 2 (two H200s) w8a8 was not faster than weight-only at batch 1 and 2% faster at
+    batch 8 (docs/performance.md, "Plans of TP > 1")."""
     from models.qwen3.fp8 import ACTIVATION_SCHEMES
     if asked is not None and asked not in ACTIVATION_SCHEMES:
         raise ValueError(f"fp8_activations {asked!r}: choose one of {', '.join(ACTIVATION_SCHEMES)}")
@@ -139,8 +140,9 @@ def fp8_scheme(quantization: str | None, asked: str | None, tp: int = 1) -> str 
             raise ValueError("fp8_activations 'dynamic' (w8a8) needs FP8 weights: an -FP8 checkpoint or --quantize fp8")
         return None
     if tp > 1 and asked is None:
-        warnings.warn(f"FP8 activations (w8a8) are not the default at --tp {tp} (not yet timed under TP on GPUs): "
-                      f"FP8 weights run weight-only; --fp8-activations dynamic asks for w8a8", stacklevel=3)
+        warnings.warn(f"FP8 activations (w8a8) are not the default at --tp {tp} (under TP they were not faster than "
+                      f"weight-only at batch 1): FP8 weights run weight-only; --fp8-activations dynamic asks for w8a8",
+                      stacklevel=3)
         return "none"
     return asked or "dynamic"
 
