@@ -125,7 +125,6 @@ def reduce_tile(t0, t1, slot, part_ptr, x_ptr, peers_ptr, flags_ptr, cnt_ptr, ta
                     for b0 in range(0, B, BB):
                         bb = b0 + tl.arange(0, BB)
                         x = _add_partials(rows, bb, off, x_ptr, peers_ptr, B, H, TP)
-                        tl.debug_barrier()      # every thread's loads of x before any store (``_add_partials``)
                         tl.store(x_ptr + bb[None, :] * H + rows[:, None], x, mask=_rows_ok(rows, bb, B, H))
     return seen
 
@@ -141,18 +140,21 @@ def _add_partials(rows, bb, off, x_ptr, peers_ptr, B: tl.constexpr, H: tl.conste
     sequence's loads of a tile in flight at once (one a sequence paid a round trip to the peers
     each). The caller stores it: triton-ascend cannot lower a call whose returned value is dropped.
 
-    The caller puts a barrier between this and its store of x: where the block's layout holds an
-    element in several threads (Triton replicates small blocks; a one-column block was loaded whole
-    by every thread), a warp that stored its rows of the new x before another warp loaded them gave
-    that warp x plus the sum twice, and the xs and xss it wrote from them. On two H200s the weights-
-    on-M plans' REDUCE at batch 1 so parted between launches of one and of many steps."""
+    It returns after a barrier, so every thread has loaded x before any thread stores the sum: where
+    the block's layout holds an element in several threads (Triton replicates small blocks; a
+    one-column block was loaded whole by every thread), a warp that stored its rows of the new x
+    before another warp loaded them gave that warp x plus the sum twice, and the xs and xss it wrote
+    from them. On two H200s the weights-on-M plans' REDUCE at batch 1 so parted between launches of
+    one and of many steps."""
     m = _rows_ok(rows, bb, B, H)
     offs = bb[None, :] * H + rows[:, None]
     acc = tl.zeros([rows.shape[0], bb.shape[0]], dtype=tl.float32)
     for r in tl.static_range(TP):
         part = tl.load(peers_ptr + r).to(tl.pointer_type(tl.float32))
         acc += tl.load(part + off + offs, mask=m, other=0.0, cache_modifier=".cv")
-    return tl.load(x_ptr + offs, mask=m, other=0.0, cache_modifier=".cg") + acc
+    x = tl.load(x_ptr + offs, mask=m, other=0.0, cache_modifier=".cg") + acc
+    tl.debug_barrier()
+    return x
 
 
 @triton.jit
@@ -183,7 +185,6 @@ def _reduce_xs(t0, t1, slot, off, x_ptr, peers_ptr, input_norm_ptr, post_norm_pt
                 bb = b0 + tl.arange(0, BB)
                 x = _add_partials(rows, bb, off, x_ptr, peers_ptr, B, H, TP)
                 ok = _rows_ok(rows, bb, B, H)
-                tl.debug_barrier()      # every thread's loads of x before any store (``_add_partials``)
                 tl.store(x_ptr + bb[None, :] * H + rows[:, None], x, mask=ok)
                 write_xs(x, rows, ok, bb, nw_ptr, xs_ptr, xss_ptr, (t * R) // SS_ROWS + c, B, H)
 
