@@ -148,7 +148,8 @@ def next_tile(t, t1, c, claims_ptr, claims_base, NT: tl.constexpr, POOL: tl.cons
 # (``instructions.wgmma``; its input contract is BT - BT_SWAP, the plan's BATCH_INPUT), plus BT_TMA
 # where that tile takes its weights by tensor descriptor (the plan's SWAP_TMA), BT_N16 where it
 # pads the batch to 16 (SWAP_MIN_N), BT_CALL where it is called rather than inlined (SWAP_CALL), BT_PRE
-# times the chunks it takes into registers before its wait (SWAP_PRE); 32
+# times the chunks it takes into registers before its wait (SWAP_PRE), BT_SMEM times the 16 KB its
+# pipeline takes above 80 (SWAP_SMEM); 32
 # marks a kernel compiled with every dot on mma.sync (the plan's MMA_V3 0): no tile reads it, it
 # keeps that compiled code apart from wgmma's in Triton's cache.
 BT_SPLIT: tl.constexpr = tl.constexpr(1)
@@ -160,6 +161,7 @@ BT_TMA: tl.constexpr = tl.constexpr(8)
 BT_N16: tl.constexpr = tl.constexpr(16)
 BT_CALL: tl.constexpr = tl.constexpr(64)
 BT_PRE: tl.constexpr = tl.constexpr(128)     # times the chunks the weights-on-M tile takes before its wait (SWAP_PRE)
+BT_SMEM: tl.constexpr = tl.constexpr(512)    # times the 16 KB of pipeline the weights-on-M tile takes above 80 (SWAP_SMEM)
 
 
 @triton.jit

@@ -39,7 +39,7 @@ persistent kernel agree bitwise.
 import triton
 import triton.language as tl
 
-from .common import ARGMAX, BT_N16, BT_PRE, BT_TMA, GATEUP, RELAXED, RESIDUAL, argmax_key, round_bf16, sum_pairs, wait_counter
+from .common import ARGMAX, BT_N16, BT_PRE, BT_SMEM, BT_TMA, GATEUP, RELAXED, RESIDUAL, argmax_key, round_bf16, sum_pairs, wait_counter
 from .fp8 import e4m3_bf16, quantize_e4m3
 
 # the tile's input contracts (``XIN``; the plan's BATCH_INPUT, module doc)
@@ -48,8 +48,8 @@ XIN_BF16: tl.constexpr = tl.constexpr(1)
 XIN_FP8: tl.constexpr = tl.constexpr(2)
 
 # A program's pipeline: its stages (each a chunk of weights and of input; Triton's pipeliner keeps
-# up to num_stages buffers of each in shared memory) within this many bytes, 2 to MAX_STAGES of them,
-# so that two programs fit an SM beside the rest of the persistent kernel.
+# up to num_stages buffers of each in shared memory) within this many bytes, plus the plan's
+# SWAP_SMEM above 80 KB (``BT_SMEM``), 2 to MAX_STAGES of them.
 SWAP_SMEM: tl.constexpr = tl.constexpr(81920)
 MAX_STAGES: tl.constexpr = tl.constexpr(5)
 KC_SWAP: tl.constexpr = tl.constexpr(128)      # K columns a chunk: one FP8 scale block
@@ -284,9 +284,9 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
     this stage's ticket word per row block. ``XIN``: the input contract (module doc; XIN_FP8 takes
     effect with FP8 weights, the others' inputs go in split), plus BT_TMA to take the weights by
     tensor descriptor (TMA; not FP8 weight-only's int32 words, nor K rows whose bytes are not a
-    multiple of 16, which TMA cannot stride), BT_N16 to pad the batch to 16, and BT_PRE times the
+    multiple of 16, which TMA cannot stride), BT_N16 to pad the batch to 16, BT_PRE times the
     chunks of each split taken into registers before its loop (the first tile's before the wait) and
-    added after it. Returns the wait's last counter value."""
+    added after it, and BT_SMEM times the 16 KB of pipeline above SWAP_SMEM. Returns the wait's last counter value."""
     tl.static_assert(R <= 128, "a weights-on-M tile holds at most 128 rows")
     BM: tl.constexpr = 64 if R <= 64 else 128
     # the batch as the dot's N, from 16 with BT_N16: Triton 3.6 (the GPU machines') lowers an N of 8
@@ -311,10 +311,11 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
     COL_BYTES: tl.constexpr = (2 if TWO else 1) * BM * WBYTES + (2 if SPLIT else 1) * BP * XBYTES
     # chunks of 128 columns, or of 64 where two of 128 would not fit (large batches)
     # (w8a8: always 128, one scale block of the input as of the weights)
-    KC: tl.constexpr = KC_SWAP if W8A8 or 2 * KC_SWAP * COL_BYTES <= SWAP_SMEM else KC_SWAP // 2
+    SMEM: tl.constexpr = SWAP_SMEM + (XIN // BT_SMEM) * 16384
+    KC: tl.constexpr = KC_SWAP if W8A8 or 2 * KC_SWAP * COL_BYTES <= SMEM else KC_SWAP // 2
     tl.static_assert(not W8A8 or SK == 1 or KSPAN % KC == 0, "w8a8 needs K-splits of whole 128-column blocks")
     STAGE_BYTES: tl.constexpr = KC * COL_BYTES
-    FIT: tl.constexpr = SWAP_SMEM // STAGE_BYTES
+    FIT: tl.constexpr = SMEM // STAGE_BYTES
     STAGES: tl.constexpr = 2 if FIT < 2 else MAX_STAGES if FIT > MAX_STAGES else FIT
     NT: tl.constexpr = 2 * N if TWO else N          # a partial's row: gate's N sums, then up's
     RAW: tl.constexpr = W8A8 and not EXACT

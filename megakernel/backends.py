@@ -145,8 +145,10 @@ class PersistentBackend:
     def __init__(self, mk, mode: str = "megakernel", num_workers: int | None = None,
                  strategy: str = "balanced", spin: int | None = None, num_warps: int = 4, trace: int = 0,
                  workers_per_sm: int = WORKERS_PER_SM, max_bk: int = MAX_BK, plan_overrides: dict | None = None,
-                 prefetch_tape: bool | None = None, tp_swap: bool = True):
+                 prefetch_tape: bool | None = None, tp_swap: bool = True, maxnreg: int | None = None):
         _check_kernel_device(mk, mode)
+        # a cap on the registers a thread (ptxas' maxnreg), so that more workers fit an SM
+        self.maxnreg = maxnreg
         self.tp_swap = bool(tp_swap)      # tile_plan's: False puts TP batches on the batch-on-M tile
         # triton-ascend cannot lower the vector tape fetch (tests/npu_lowering.py): scalar there
         self.prefetch_tape = prefetch_tape if prefetch_tape is not None else mk.weights.device.type != "npu"
@@ -289,6 +291,8 @@ class PersistentBackend:
         kwargs = kernel_args(self.kernel, self.st, consts, max_len=self.words.shape[1], steps=steps,
                              argmax_c=self.argmax_c, argmax_n=self.argmax_n)
         kwargs["num_warps"] = self.num_warps
+        if self.maxnreg:
+            kwargs["maxnreg"] = self.maxnreg
         if self.st.x.device.type == "cuda":
             kwargs["launch_cooperative_grid"] = True   # the driver refuses a grid that is not co-resident
         return kwargs

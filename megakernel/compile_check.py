@@ -102,7 +102,7 @@ def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=
     seen, report = set(), []
     for fn, kwargs, plan in record_launches(model_name, workers, batch, max_seq_len, getattr(torch, dtype_name), tp,
                                       quantize, fp8_activations, **options):
-        opts = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+        opts = {k: kwargs[k] for k in ("num_warps", "num_stages", "maxnreg") if k in kwargs}
         params = kernel_params(fn)
         consts = {name: kwargs[name] for name, const in params if const}
         sig, attrs = {}, {}

@@ -224,6 +224,8 @@ def moves(base: Plan, cand: Candidate, workers: int, cuda: bool) -> list[Candida
         for v in (p.SWAP_PRE + 1, p.SWAP_PRE - 1):
             if 0 <= v <= 2:
                 add(replace(p, SWAP_PRE=v))
+        # the pipeline's shared memory: the default, or the most at which two workers fit an SM
+        add(replace(p, SWAP_SMEM=192 - p.SWAP_SMEM if p.SWAP_SMEM in (80, 112) else 80))
         if p.B <= 8:
             add(replace(p, SWAP_MIN_N=24 - p.SWAP_MIN_N))
     if p.BATCHED and p.BATCH_INPUT != BATCH_INPUTS["fp8"]:

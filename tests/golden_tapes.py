@@ -44,8 +44,9 @@ def digest(name, workers, batch, seq, mode) -> dict:
     h.update(lengths.numpy().tobytes())
     consts = tape.plan.constexprs()
     # fields at the value that compiles what the kernel did before they existed digest as before:
-    # a greedy plan (no SAMPLE stage), the weights-on-M tile fed by pointer loads, its batch padded from 8
-    for name, before in (("SAMPLE", 0), ("SAMPLE_CHUNK", 4096), ("SWAP_TMA", 0), ("SWAP_MIN_N", 8)):
+    # a greedy plan (no SAMPLE stage), the weights-on-M tile fed by pointer loads, its batch padded from 8,
+    # its pipeline in 80 KB
+    for name, before in (("SAMPLE", 0), ("SAMPLE_CHUNK", 4096), ("SWAP_TMA", 0), ("SWAP_MIN_N", 8), ("SWAP_SMEM", 80)):
         if consts.get(name) == before:
             consts.pop(name)
     meta = json.dumps({"plan": consts, "counters": tape.num_counters,

@@ -52,6 +52,25 @@ def test_large_batches_balance_a_splits_weights_against_the_partials_summed():
     assert (big.SK_O, big.SK_DOWN) == (4, 4) and "balanced-splits" not in [r.name for r, _ in rules]
 
 
+def test_batches_above_32_give_the_weights_on_m_pipeline_112_kb():
+    """From batch 33 (the batch padded to 64 on N) the weights-on-M tile's pipeline takes 112 KB
+    (gate/up's chunks stay 128 columns wide), encoded in the tiles' kind as BT_SMEM units; up to 32
+    it keeps 80 KB. A budget outside 80-224 KB, off a multiple of 16, or off that tile is refused."""
+    import pytest
+    from instructions.common import BT_SMEM
+    for b, kb in ((2, 80), (16, 80), (32, 80), (33, 112), (64, 112)):
+        plan, rules = plan_and_rules(PRESETS["8b"], b, 392, 264, bf16_inputs=True)
+        assert plan.SWAP_SMEM == kb and ("deep-pipeline" in [r.name for r, _ in rules]) == (kb == 112), b
+    plan = make_plan(PRESETS["0.6b"], 64, 392, 264)
+    assert plan.BT == dataclasses.replace(plan, SWAP_SMEM=80).BT + 2 * BT_SMEM.value
+    assert dataclasses.replace(plan, SWAP_SMEM=224).BT == plan.BT + 7 * BT_SMEM.value
+    for bad in (64, 120, 240):
+        with pytest.raises(ValueError, match=rf"SWAP_SMEM={bad}: the weights-on-M tile's pipeline takes 80 to 224"):
+            dataclasses.replace(plan, SWAP_SMEM=bad)
+    with pytest.raises(ValueError, match=r"SWAP_SMEM=112: .*\(80 where BATCHED=0 is not 2\)"):
+        dataclasses.replace(make_plan(PRESETS["0.6b"], 1, 392, 264), SWAP_SMEM=112)
+
+
 def test_more_kv_heads_than_workers_pair_them_in_attention_tiles():
     """Where a step has more kv heads (batch x HKV) than workers, an attention tile takes two
     (ATTN_PAIR 2, one split); at or below the worker count each takes one."""
