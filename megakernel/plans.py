@@ -30,7 +30,7 @@ FORMAT = 1
 # The plan fields the tuner moves; shapes (B H D ... S) come from the model and the run.
 TUNABLE = ("R_QKV", "R_O", "R_GU", "R_DOWN", "R_LM", "BK_H", "BK_Q", "BK_I", "NSPLIT", "BLOCK_S", "KV_STAGES",
            "ATTN_NEW", "POOL_O", "POOL_GU", "POOL_DOWN", "POOL_LM", "BATCH_INPUT", "SK_QKV", "SK_O", "SK_GU", "SK_DOWN", "SWAP_TMA",
-           "SWAP_MIN_N", "MMA_V3", "SWAP_CALL", "SWAP_PRE", "ATTN_CALL",
+           "SWAP_MIN_N", "MMA_V3", "SWAP_CALL", "SWAP_PRE", "SWAP_SMEM", "ATTN_CALL",
            "ATTN_PAIR")
 STRATEGIES = ("balanced", "round-robin")
 # Backends that run a tape, and so a plan; the reference runs the torch model.
@@ -114,6 +114,7 @@ class Entry:
     max_seq_len: int                # what it was measured at
     measured: int = 0               # candidates measured
     extra: dict = field(default_factory=dict)
+    num_warps: int = 4              # warps a worker (8 with one worker an SM: the whole SM's shared memory)
 
     @property
     def date(self) -> str:
@@ -124,6 +125,8 @@ class Entry:
         opts = {"plan_overrides": dict(self.fields), "strategy": self.strategy}
         if self.workers_per_sm is not None:
             opts["workers_per_sm"] = self.workers_per_sm
+        if self.num_warps != 4:
+            opts["num_warps"] = self.num_warps
         return opts
 
     def changes(self) -> str:
@@ -132,6 +135,8 @@ class Entry:
         extra = [f"strategy {self.strategy}"] if self.strategy != "balanced" else []
         if self.workers_per_sm not in (None, 2):
             extra.append(f"{self.workers_per_sm} workers per SM")
+        if self.num_warps != 4:
+            extra.append(f"{self.num_warps} warps a worker")
         return ", ".join(x for x in [moved] + extra if x) or "the rules' plan"
 
     def describe(self) -> str:
@@ -154,6 +159,8 @@ class Entry:
             raise ValueError(f"plan field {bad[0]!r} is not an integer field of this version's Plan")
         if e.strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {e.strategy!r}")
+        if e.num_warps not in (4, 8):
+            raise ValueError(f"num_warps={e.num_warps!r}: a tuned plan runs 4 or 8 warps a worker")
         return e
 
 
@@ -235,7 +242,8 @@ class Choice:
         """What a results row records about the plan."""
         e = self.entry
         return {"plan": self.name, "plan_tuned_at": e.tuned_at if e else None,
-                "plan_fields": ({**e.fields, "strategy": e.strategy, "workers_per_sm": e.workers_per_sm}
+                "plan_fields": ({**e.fields, "strategy": e.strategy, "workers_per_sm": e.workers_per_sm,
+                                 "num_warps": e.num_warps}
                                 if e else None)}
 
 

@@ -5,7 +5,7 @@
 For each batch size and max_seq_len, the candidates are the plan's fields around the rules' plan
 (scheduler.ops.make_plan): rows per tile of each GEMV, K-chunk widths, attention's splits, block
 and pipeline depth, pools on or off, the tape's placement strategy and, on CUDA, the workers per
-SM. A pass measures every one-field move from the best plan so far; the next pass moves from the
+SM (and, for the batched weights-on-M tile, one worker of 8 warps an SM). A pass measures every one-field move from the best plan so far; the next pass moves from the
 new best, until a pass finds nothing faster or the time budget is spent. Each candidate's tape is
 first checked by the validator (an invalid one is skipped, with the reason), then timed with real
 decode steps of the persistent kernel on the same weights and prompt: the median over a few
@@ -62,11 +62,12 @@ class Candidate:
     fields: tuple = ()
     strategy: str = "balanced"
     workers_per_sm: int | None = None      # None: the device's default (and off CUDA)
+    num_warps: int = 4
 
     @classmethod
-    def of(cls, base: Plan, plan: Plan, strategy: str, workers_per_sm: int | None) -> "Candidate":
+    def of(cls, base: Plan, plan: Plan, strategy: str, workers_per_sm: int | None, num_warps: int = 4) -> "Candidate":
         diff = {k: getattr(plan, k) for k in plans.TUNABLE if getattr(plan, k) != getattr(base, k)}
-        return cls(tuple(sorted(diff.items())), strategy, workers_per_sm)
+        return cls(tuple(sorted(diff.items())), strategy, workers_per_sm, num_warps)
 
     @property
     def overrides(self) -> dict:
@@ -76,6 +77,8 @@ class Candidate:
         opts = {"plan_overrides": self.overrides, "strategy": self.strategy}
         if self.workers_per_sm is not None:
             opts["workers_per_sm"] = self.workers_per_sm
+        if self.num_warps != 4:
+            opts["num_warps"] = self.num_warps
         return opts
 
     def describe(self) -> str:
@@ -84,6 +87,8 @@ class Candidate:
             parts.append(f"strategy={self.strategy}")
         if self.workers_per_sm not in (None, WORKERS_PER_SM):
             parts.append(f"workers_per_sm={self.workers_per_sm}")
+        if self.num_warps != 4:
+            parts.append(f"num_warps={self.num_warps}")
         return " ".join(parts) or "rules"
 
 
@@ -91,7 +96,7 @@ def order_only(a: Candidate, b: Candidate) -> bool:
     """Whether plans ``a`` and ``b`` have the same tile arithmetic (``ORDER_ONLY_FIELDS``)."""
     fa, fb = a.overrides, b.overrides
     moved = {k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)}
-    return a.workers_per_sm == b.workers_per_sm and moved <= set(ORDER_ONLY_FIELDS)
+    return (a.workers_per_sm, a.num_warps) == (b.workers_per_sm, b.num_warps) and moved <= set(ORDER_ONLY_FIELDS)
 
 
 def _pow2(n: int) -> bool:
@@ -174,6 +179,7 @@ def moves(base: Plan, cand: Candidate, workers: int, cuda: bool) -> list[Candida
     def add(plan: Plan, strategy=cand.strategy, wps=cand.workers_per_sm):
         out.append((plan, strategy, wps))
 
+    layouts: list[Candidate] = []      # moves to another layout, relative to the rules' plan there
     pooled = any(p.pool(op) for op in POOL_FIELDS)
     if not p.BATCHED:
         add(with_pools(p, workers, not pooled))
@@ -198,9 +204,16 @@ def moves(base: Plan, cand: Candidate, workers: int, cuda: bool) -> list[Candida
         for v in (r * 2, r // 2 // 8 * 8 if p.BATCHED and name != "R_QKV" else r // 2):
             if v >= 1:
                 add(_rescale_pool(replace(p, **{name: v}), ROWS[name][1], workers))
-    if cuda:
+    if cuda and cand.num_warps == 4:
         other = None if cand.workers_per_sm == 1 else 1      # None: the default, WORKERS_PER_SM
         out.append((None, cand.strategy, other))      # the rules' plan at that worker count
+    if cuda and p.BATCHED == 2:
+        # the other layout: one worker of 8 warps an SM with its whole shared memory (224 KB of
+        # pipeline), or back to the default (0.6b batch 32 on an H200: 1.437 -> 1.328 ms; 8b +1.9%)
+        if cand.num_warps == 4:
+            layouts.append(Candidate((("SWAP_SMEM", 224),), cand.strategy, 1, 8))
+        else:
+            layouts.append(Candidate((), cand.strategy, None))
     add(p, strategy="round-robin" if cand.strategy == "balanced" else "balanced")
     if not p.BATCHED:
         for name in ("BK_H", "BK_Q", "BK_I"):
@@ -234,7 +247,12 @@ def moves(base: Plan, cand: Candidate, workers: int, cuda: bool) -> list[Candida
         add(replace(p, BATCH_INPUT=1 - p.BATCH_INPUT))
     seen, result = {cand}, []
     for plan, strategy, wps in out:
-        c = Candidate((), strategy, wps) if plan is None else Candidate.of(base, plan, strategy, wps)
+        c = (Candidate((), strategy, wps) if plan is None
+             else Candidate.of(base, plan, strategy, wps, cand.num_warps))
+        if c not in seen:
+            seen.add(c)
+            result.append(c)
+    for c in layouts:
         if c not in seen:
             seen.add(c)
             result.append(c)
@@ -311,7 +329,7 @@ class Tuner:
 
     def base(self, cand: Candidate) -> Plan:
         from .backends import tile_plan
-        return tile_plan(self.mk, self.workers(cand))
+        return tile_plan(self.mk, self.workers(cand), num_warps=cand.num_warps)
 
     def plan(self, cand: Candidate) -> Plan:
         """The candidate's plan, checked: a Skip names what is wrong with it or its tape."""
@@ -319,7 +337,7 @@ class Tuner:
             plan = replace(self.base(cand), **cand.overrides)
         except (ValueError, TypeError) as e:
             raise Skip(str(e)) from None
-        why = check_plan(plan)
+        why = check_plan(plan, cand.num_warps)
         if why:
             raise Skip(why)
         try:
@@ -427,6 +445,7 @@ class Tuner:
             rules_ms, best_ms_ = self.measured[rules].ms, self.measured[best].ms
         entry = plans.Entry(key=self.key, fields=best.overrides, strategy=best.strategy,
                             workers_per_sm=(best.workers_per_sm or WORKERS_PER_SM) if self.cuda else None,
+                            num_warps=best.num_warps,
                             tuned_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                             rules_ms=round(rules_ms, 5), tuned_ms=round(best_ms_, 5),
                             max_seq_len=self.mk.max_seq_len, measured=sum(m.ms is not None for m in self.measured.values()),

@@ -176,6 +176,28 @@ def test_fp8_plans_are_tuned_under_the_scheme_a_run_takes(tiny_checkpoint):
         plans.choose("tuned", "cpu", model.config, model.dtype, 1, 40, quant="fp8")
 
 
+def test_a_tuned_layout_of_8_warps_round_trips_and_is_checked(tiny_model, capsys):
+    """A tuned plan's warps a worker are kept in the cache and given to the backends (entries of
+    before, without the field, run 4); a count the tuner never picks is ignored with a warning."""
+    from dataclasses import replace
+    from megakernel import plans
+    key = plans.Key.of("cpu", tiny_model.config, tiny_model.dtype, 1, 64)
+    eight = replace(_entry(plans, key, KV_STAGES=2), num_warps=8, workers_per_sm=1)
+    assert eight.options() == {"plan_overrides": {"KV_STAGES": 2}, "strategy": "balanced", "workers_per_sm": 1,
+                               "num_warps": 8}
+    assert "8 warps a worker" in eight.changes() and "1 workers per SM" in eight.changes()
+    plans.save([eight])
+    assert plans.lookup(key).num_warps == 8 and plans.Choice("tuned", eight).record()["plan_fields"]["num_warps"] == 8
+    raw = json.loads(plans.cache_path().read_text())
+    (entry,) = raw["entries"].values()
+    del entry["num_warps"]
+    assert plans.Entry.from_json(entry).num_warps == 4 and "num_warps" not in plans.Entry.from_json(entry).options()
+    entry["num_warps"] = 6
+    plans.cache_path().write_text(json.dumps(raw))
+    assert plans.lookup(key) is None
+    assert "num_warps=6: a tuned plan runs 4 or 8 warps a worker" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("text", ["{not json", '{"format": 99, "entries": {}}', "[1, 2]",
                                   '{"format": 1, "entries": {"k": {"key": {"device": "x"}}}}'])
 def test_a_corrupt_cache_is_ignored_with_a_warning(tiny_model, capsys, text):
@@ -247,6 +269,16 @@ def test_every_move_is_checked_or_named():
         # the feed of the weights-on-M tile: TMA, and from 8 rows up to 16 (wgmma under Triton 3.6)
         assert any(c.overrides.get("SWAP_TMA") == 1 for c in cands) == (base.BATCHED == 2)
         assert any(c.overrides.get("SWAP_MIN_N") == 16 for c in cands) == (base.BATCHED == 2 and B <= 8)
+        # and its pipeline's shared memory, 80 KB against 112, and the layout of one worker of 8
+        # warps an SM with 224 KB of pipeline (and from there back to the default)
+        assert any(c.overrides.get("SWAP_SMEM") == 112 for c in cands) == (base.BATCHED == 2)
+        eight = Candidate((("SWAP_SMEM", 224),), "balanced", 1, 8)
+        assert (eight in cands) == (base.BATCHED == 2)
+        if base.BATCHED == 2:
+            assert eight.options() == {"plan_overrides": {"SWAP_SMEM": 224}, "strategy": "balanced",
+                                       "workers_per_sm": 1, "num_warps": 8}
+            back = moves(make_plan(shapes_for(name), B, 4096, 132, num_warps=8), eight, 132, cuda=True)
+            assert Candidate() in back and all(c.num_warps == 8 for c in back if c != Candidate())
     # w8a8's e4m3 input is the checkpoint's scheme: its plans move everything but that
     base = make_plan(shapes_for("8b"), 8, 4096, 264, fp8=True, w8a8=True)
     cands = moves(base, Candidate(), 264, cuda=True)
