@@ -150,8 +150,8 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                SK_O: tl.constexpr, SK_GU: tl.constexpr, SK_DOWN: tl.constexpr, SAMPLE: tl.constexpr,
                SAMPLE_CHUNK: tl.constexpr,
                KV_B: tl.constexpr, SWAP_TMA: tl.constexpr, SWAP_MIN_N: tl.constexpr, MMA_V3: tl.constexpr,
-               SWAP_CALL: tl.constexpr, SWAP_PRE: tl.constexpr, ATTN_CALL: tl.constexpr, SPIN: tl.constexpr,
-               TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr, SM_PAIRS: tl.constexpr):
+               SWAP_CALL: tl.constexpr, SWAP_PRE: tl.constexpr, SWAP_SMEM: tl.constexpr, ATTN_CALL: tl.constexpr,
+               SPIN: tl.constexpr, TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr, SM_PAIRS: tl.constexpr):
     pid = tl.program_id(0)
     epoch = tl.load(epoch_ptr + pid)
     QKV_N: tl.constexpr = (HQ + 2 * HKV) * D
