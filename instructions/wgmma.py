@@ -39,6 +39,8 @@ persistent kernel agree bitwise.
 import triton
 import triton.language as tl
 
+from scheduler.ops import SWAP_SMEM_BASE, SWAP_SMEM_STEP
+
 from .common import ARGMAX, BT_N16, BT_PRE, BT_SMEM, BT_TMA, GATEUP, RELAXED, RESIDUAL, argmax_key, round_bf16, sum_pairs, wait_counter
 from .fp8 import e4m3_bf16, quantize_e4m3
 
@@ -48,9 +50,10 @@ XIN_BF16: tl.constexpr = tl.constexpr(1)
 XIN_FP8: tl.constexpr = tl.constexpr(2)
 
 # A program's pipeline: its stages (each a chunk of weights and of input; Triton's pipeliner keeps
-# up to num_stages buffers of each in shared memory) within this many bytes, plus the plan's
-# SWAP_SMEM above 80 KB (``BT_SMEM``), 2 to MAX_STAGES of them.
-SWAP_SMEM: tl.constexpr = tl.constexpr(81920)
+# up to num_stages buffers of each in shared memory) within the plan's SWAP_SMEM KB (the base, plus
+# ``BT_SMEM`` steps of the tiles' kind), 2 to MAX_STAGES of them.
+SMEM_BASE: tl.constexpr = tl.constexpr(SWAP_SMEM_BASE * 1024)
+SMEM_STEP: tl.constexpr = tl.constexpr(SWAP_SMEM_STEP * 1024)
 MAX_STAGES: tl.constexpr = tl.constexpr(5)
 KC_SWAP: tl.constexpr = tl.constexpr(128)      # K columns a chunk: one FP8 scale block
 SS_ROWS: tl.constexpr = tl.constexpr(64)       # x's columns a partial sum of squares covers (``xss``)
@@ -286,7 +289,8 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
     tensor descriptor (TMA; not FP8 weight-only's int32 words, nor K rows whose bytes are not a
     multiple of 16, which TMA cannot stride), BT_N16 to pad the batch to 16, BT_PRE times the
     chunks of each split taken into registers before its loop (the first tile's before the wait) and
-    added after it, and BT_SMEM times the 16 KB of pipeline above SWAP_SMEM. Returns the wait's last counter value."""
+    added after it, and BT_SMEM times the steps of pipeline above SMEM_BASE. Returns the wait's last
+    counter value."""
     tl.static_assert(R <= 128, "a weights-on-M tile holds at most 128 rows")
     BM: tl.constexpr = 64 if R <= 64 else 128
     # the batch as the dot's N, from 16 with BT_N16: Triton 3.6 (the GPU machines') lowers an N of 8
@@ -311,7 +315,7 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
     COL_BYTES: tl.constexpr = (2 if TWO else 1) * BM * WBYTES + (2 if SPLIT else 1) * BP * XBYTES
     # chunks of 128 columns, or of 64 where two of 128 would not fit (large batches)
     # (w8a8: always 128, one scale block of the input as of the weights)
-    SMEM: tl.constexpr = SWAP_SMEM + (XIN // BT_SMEM) * 16384
+    SMEM: tl.constexpr = SMEM_BASE + (XIN // BT_SMEM) * SMEM_STEP
     KC: tl.constexpr = KC_SWAP if W8A8 or 2 * KC_SWAP * COL_BYTES <= SMEM else KC_SWAP // 2
     tl.static_assert(not W8A8 or SK == 1 or KSPAN % KC == 0, "w8a8 needs K-splits of whole 128-column blocks")
     STAGE_BYTES: tl.constexpr = KC * COL_BYTES

@@ -148,6 +148,8 @@ class PersistentBackend:
                  prefetch_tape: bool | None = None, tp_swap: bool = True, maxnreg: int | None = None):
         _check_kernel_device(mk, mode)
         # a cap on the registers a thread (ptxas' maxnreg), so that more workers fit an SM
+        if maxnreg is not None and not 1 <= maxnreg <= 255:
+            raise ValueError(f"maxnreg={maxnreg}: a thread's register cap is 1 to 255 (ptxas allots at most 255)")
         self.maxnreg = maxnreg
         self.tp_swap = bool(tp_swap)      # tile_plan's: False puts TP batches on the batch-on-M tile
         # triton-ascend cannot lower the vector tape fetch (tests/npu_lowering.py): scalar there
@@ -291,7 +293,7 @@ class PersistentBackend:
         kwargs = kernel_args(self.kernel, self.st, consts, max_len=self.words.shape[1], steps=steps,
                              argmax_c=self.argmax_c, argmax_n=self.argmax_n)
         kwargs["num_warps"] = self.num_warps
-        if self.maxnreg:
+        if self.maxnreg is not None:
             kwargs["maxnreg"] = self.maxnreg
         if self.st.x.device.type == "cuda":
             kwargs["launch_cooperative_grid"] = True   # the driver refuses a grid that is not co-resident

@@ -5,13 +5,14 @@
 For each batch size and max_seq_len, the candidates are the plan's fields around the rules' plan
 (scheduler.ops.make_plan): rows per tile of each GEMV, K-chunk widths, attention's splits, block
 and pipeline depth, pools on or off, the tape's placement strategy and, on CUDA, the workers per
-SM (and, for the batched weights-on-M tile, one worker of 8 warps an SM). A pass measures every one-field move from the best plan so far; the next pass moves from the
-new best, until a pass finds nothing faster or the time budget is spent. Each candidate's tape is
-first checked by the validator (an invalid one is skipped, with the reason), then timed with real
-decode steps of the persistent kernel on the same weights and prompt: the median over a few
-launches. The winner is measured again against the rules' plan, alternating, and kept only if it
-is still faster. The result goes to the plan cache (megakernel/plans.py), which generate, bench,
-serve and MegaQwen3 read. Ctrl-C stops the search and keeps what it has measured.
+SM (and, for the batched weights-on-M tile, one worker of 8 warps an SM). A pass measures every
+one-field move from the best plan so far; the next pass moves from the new best, until a pass finds
+nothing faster or the time budget is spent. Each candidate's tape is first checked by the
+validator (an invalid one is skipped, with the reason), then timed with real decode steps of the
+persistent kernel on the same weights and prompt: the median over a few launches. The winner is
+measured again against the rules' plan, alternating, and kept only if it is still faster. The
+result goes to the plan cache (megakernel/plans.py), which generate, bench, serve and MegaQwen3
+read. Ctrl-C stops the search and keeps what it has measured.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 
 from scheduler.graph import build_tape
 from scheduler.ops import (BATCH_INPUTS, BATCH_MAX_ROWS, BATCH_MIN_ROWS, MAX_BK, MAX_POOL_CLAIMS, POOL_DIV, POOL_FIELDS,
-                           TILE_ELEMS, WORKERS_PER_SM, Op, Plan, next_pow2)
+                           SWAP_SMEM_BASE, TILE_ELEMS, WORKERS_PER_SM, Op, Plan, next_pow2)
 from scheduler.validate import TapeError, validate
 
 from . import cli
@@ -238,21 +239,17 @@ def moves(base: Plan, cand: Candidate, workers: int, cuda: bool) -> list[Candida
             if 0 <= v <= 2:
                 add(replace(p, SWAP_PRE=v))
         # the pipeline's shared memory: the default, or the most at which two workers fit an SM
-        add(replace(p, SWAP_SMEM=192 - p.SWAP_SMEM if p.SWAP_SMEM in (80, 112) else 80))
+        add(replace(p, SWAP_SMEM=112 if p.SWAP_SMEM == SWAP_SMEM_BASE else SWAP_SMEM_BASE))
         if p.B <= 8:
             add(replace(p, SWAP_MIN_N=24 - p.SWAP_MIN_N))
     if p.BATCHED and p.BATCH_INPUT != BATCH_INPUTS["fp8"]:
         # last: one bf16 MMA measured slower on the batch-on-M tile (H100); untimed on the other. (w8a8's
         # e4m3 input is the checkpoint's scheme, not a move)
         add(replace(p, BATCH_INPUT=1 - p.BATCH_INPUT))
+    cands = [Candidate((), strategy, wps) if plan is None else Candidate.of(base, plan, strategy, wps, cand.num_warps)
+             for plan, strategy, wps in out] + layouts
     seen, result = {cand}, []
-    for plan, strategy, wps in out:
-        c = (Candidate((), strategy, wps) if plan is None
-             else Candidate.of(base, plan, strategy, wps, cand.num_warps))
-        if c not in seen:
-            seen.add(c)
-            result.append(c)
-    for c in layouts:
+    for c in cands:
         if c not in seen:
             seen.add(c)
             result.append(c)

@@ -95,6 +95,12 @@ def next_pow2(n: int) -> int:
 BATCH_INPUTS = {"split": 0, "bf16": 1, "fp8": 2}
 
 
+# The weights-on-M tile's pipeline (Plan.SWAP_SMEM) in KB: its default and the step the tiles'
+# kind encodes it in (``instructions.wgmma`` reads it from there)
+SWAP_SMEM_BASE = 80
+SWAP_SMEM_STEP = 16
+
+
 @dataclass(frozen=True)
 class Plan:
     """Tile sizes and buffer shapes for one (model, batch, max_seq_len, workers). Every field is a
@@ -159,10 +165,10 @@ class Plan:
     # 0-2: the weights-on-M tile's first chunks of weights (of 128 columns) taken into registers
     # before its wait, as the batch-1 register tiles take theirs, and added after the pipelined rest
     SWAP_PRE: int = 0
-    # KB of shared memory the weights-on-M tile's pipeline may take (80 to 224, a multiple of 16): its
-    # stages of weights and input, and whether a chunk is 128 columns or 64. 112 is the most at which
-    # two workers still fit an SM (228 KB); 80 leaves the rest of the kernel room at small batches
-    SWAP_SMEM: int = 80
+    # KB of shared memory the weights-on-M tile's pipeline may take (SWAP_SMEM_BASE to 224, in steps of
+    # SWAP_SMEM_STEP): its stages of weights and input, and whether a chunk is 128 columns or 64. 112
+    # is the most at which two workers still fit an SM (228 KB); 80 leaves the rest of the kernel room
+    SWAP_SMEM: int = SWAP_SMEM_BASE
     # 1: the persistent kernel calls attention's tile as a function (its own registers): 1-2% faster
     # beside the called mma.sync tile, level or slower on wgmma (docs/performance.md)
     ATTN_CALL: int = 0
@@ -194,9 +200,11 @@ class Plan:
         if self.SWAP_PRE not in (0, 1, 2) or (self.SWAP_PRE and self.BATCHED != 2):
             raise ValueError(f"SWAP_PRE={self.SWAP_PRE}: 0, or 1 or 2 chunks on the weights-on-M tile "
                              f"(BATCHED=2; with BATCHED={self.BATCHED} set SWAP_PRE=0)")
-        if not (80 <= self.SWAP_SMEM <= 224 and self.SWAP_SMEM % 16 == 0) or (self.SWAP_SMEM != 80 and self.BATCHED != 2):
-            raise ValueError(f"SWAP_SMEM={self.SWAP_SMEM}: the weights-on-M tile's pipeline takes 80 to 224 KB, a "
-                             f"multiple of 16 (80 where BATCHED={self.BATCHED} is not 2)")
+        if (not (SWAP_SMEM_BASE <= self.SWAP_SMEM <= 224 and self.SWAP_SMEM % SWAP_SMEM_STEP == 0)
+                or (self.SWAP_SMEM != SWAP_SMEM_BASE and self.BATCHED != 2)):
+            raise ValueError(f"SWAP_SMEM={self.SWAP_SMEM}: the weights-on-M tile's pipeline takes {SWAP_SMEM_BASE} to "
+                             f"224 KB, a multiple of {SWAP_SMEM_STEP} ({SWAP_SMEM_BASE} where BATCHED={self.BATCHED} "
+                             f"is not 2)")
         if self.SWAP_MIN_N not in (8, 16):
             raise ValueError(f"SWAP_MIN_N={self.SWAP_MIN_N}: the weights-on-M tile pads the batch to 8 or 16")
         if self.SAMPLE and not (self.SAMPLE_CHUNK >= 1 and -(-self.V // self.SAMPLE_CHUNK) <= 64):
@@ -260,12 +268,12 @@ class Plan:
         (``BT_N16``) where it pads the batch to 16, 32 where its dots are compiled for mma.sync
         (MMA_V3 0; the tile ignores it: it keys the per-op kernels' compiled code), 64
         (``BT_CALL``) where it is called, not inlined (SWAP_CALL), and 128 (``BT_PRE``) times the
-        chunks it takes before its wait (SWAP_PRE), and 512 (``BT_SMEM``) times the 16 KB its pipeline
-        takes above 80 (SWAP_SMEM)."""
+        chunks it takes before its wait (SWAP_PRE), and 512 (``BT_SMEM``) times the SWAP_SMEM_STEP KB its
+        pipeline takes above SWAP_SMEM_BASE (SWAP_SMEM)."""
         if self.BATCHED != 2:
             return 2 * self.BATCHED - 1 + self.BATCH_INPUT if self.BATCHED else 0
         return (3 + self.BATCH_INPUT + 8 * self.SWAP_TMA + (16 if self.SWAP_MIN_N == 16 else 0) + 32 * (1 - self.MMA_V3)
-                + 64 * self.SWAP_CALL + 128 * self.SWAP_PRE + 512 * ((self.SWAP_SMEM - 80) // 16))
+                + 64 * self.SWAP_CALL + 128 * self.SWAP_PRE + 512 * ((self.SWAP_SMEM - SWAP_SMEM_BASE) // SWAP_SMEM_STEP))
 
     @property
     def kv_batch(self) -> int:

@@ -190,6 +190,12 @@ def test_unknown_backend(tiny_model):
     assert "'warp-drive'" in one_line(e.value) and "reference" in str(e.value)
 
 
+@pytest.mark.parametrize("maxnreg", [0, 256])
+def test_register_cap_outside_what_ptxas_allots(tiny_model, maxnreg):
+    with pytest.raises(ValueError, match=rf"maxnreg={maxnreg}: a thread's register cap is 1 to 255"):
+        MegaQwen3(tiny_model, backend="megakernel", max_seq_len=16, maxnreg=maxnreg)
+
+
 # ---------------------------------------------------------------------------------------------
 # CLI
 
