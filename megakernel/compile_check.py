@@ -120,8 +120,9 @@ def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=
             with backends.triton_mma(plan):
                 k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=target, options=opts)
             meta = k.metadata
-            regs, stack = _resources(k)
+            regs, stack, spill_ld, spill_st = _resources(k)
             row.update(ok=True, shared=meta.shared, num_warps=meta.num_warps, n_regs=regs, stack_bytes=stack,
+                       spill_loads=spill_ld, spill_stores=spill_st,
                        **_mma_kinds(k.asm.get("ttgir", "")))
         except Exception as e:
             lines = [l for l in str(e).splitlines() if l.strip()]
@@ -147,8 +148,10 @@ def _mma_kinds(ttgir: str) -> dict:
 
 
 def _resources(k):
-    """(registers per thread, spill stores in bytes) from the cubin, through the cuobjdump that
-    Triton ships; (None, None) where it cannot be read."""
+    """(registers per thread, stack bytes, spill loads, spill stores) from the cubin, through the
+    cuobjdump that Triton ships: the stack is a frame's size, the spills (the SASS's LDL and STL,
+    counted where they stand in the code) say how much of it the code goes back to. Nones where it
+    cannot be read."""
     import re
     import tempfile
 
@@ -159,11 +162,13 @@ def _resources(k):
             f.write(k.asm["cubin"])
             f.flush()
             out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+            sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
         regs = re.search(r"REG:(\d+)", out)
-        spill = re.search(r"STACK:(\d+)", out)
-        return (int(regs.group(1)) if regs else None), (int(spill.group(1)) if spill else None)
+        stack = re.search(r"STACK:(\d+)", out)
+        return ((int(regs.group(1)) if regs else None), (int(stack.group(1)) if stack else None),
+                (len(re.findall(r"\bLDL\b", sass)) if sass else None), (len(re.findall(r"\bSTL\b", sass)) if sass else None))
     except Exception:
-        return None, None
+        return None, None, None, None
 
 
 def _assignments(items: list[str], flag: str) -> dict[str, int]:
@@ -262,7 +267,7 @@ def main(argv=None):
         for r in report:
             if r["ok"]:
                 print(f"{r['kernel']:<16} ok    warps {r['num_warps']}  shared {r['shared']}  regs {r['n_regs']}  "
-                      f"stack {r['stack_bytes']}  dots: wgmma {r['wgmma']}, mma.sync {r['mma_sync']}  tma loads {r['tma']}  "
+                      f"stack {r['stack_bytes']} (spill ld/st {r['spill_loads']}/{r['spill_stores']})  dots: wgmma {r['wgmma']}, mma.sync {r['mma_sync']}  tma loads {r['tma']}  "
                       f"calls {r['calls']}")
             else:
                 print(f"{r['kernel']:<16} FAIL  {r['error']}")

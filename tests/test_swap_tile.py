@@ -4,8 +4,11 @@ greedy tokens and each other's logits bit for bit, at batches padded to differen
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from instructions.kind import split_rows
+from instructions.wgmma import SS_ROWS, _ss_quarter, load_rstd
 from megakernel import MegaQwen3, load_model
 
 from test_reference_vs_hf import random_prompt, rel_err
@@ -46,3 +49,31 @@ def test_split_rows_of_an_instruction():
     assert split_rows(2, 6, 64, 3, 150) == slice(0, 128)
     assert split_rows(6, 9, 64, 3, 150) == slice(128, 150)
     assert split_rows(2, 3, 64, 1, 150) == slice(128, 150)     # no splits: the tiles' own rows
+
+
+@triton.jit
+def rstd_kernel(xss_ptr, out_ptr, eps, B: tl.constexpr, H: tl.constexpr, BP: tl.constexpr, NSS: tl.constexpr,
+                NSS_PAD: tl.constexpr):
+    b = tl.arange(0, BP)
+    tl.store(out_ptr + b, load_rstd(xss_ptr, eps, B, H, BP), mask=b < B)
+    # the same blocks in one load, one tree
+    tl.store(out_ptr + BP + b, 1.0 / tl.sqrt(_ss_quarter(xss_ptr, 0, B, NSS, NSS_PAD, BP) / H + eps), mask=b < B)
+
+
+@pytest.mark.parametrize("B, BP, H", [(64, 64, 5120), (3, 8, 5120), (64, 64, 1024)])
+def test_rstd_adds_the_sums_of_squares_by_one_fixed_tree(seed, B, BP, H):
+    """1/rms from the blocks' sums of squares: [B, NSS] values added by the pairwise tree (columns 2i
+    and 2i + 1, then those sums in pairs), whether the tile loads them whole or in quarters (64 x
+    5120: more values than a thread should hold), bit for bit, so per-op and the megakernel agree."""
+    nss = -(-H // SS_ROWS.value)
+    g = torch.Generator().manual_seed(seed)
+    xss = torch.exp(3 * torch.randn(nss, B, generator=g))     # magnitudes far apart: order shows
+    pad = 1 << (nss - 1).bit_length()
+    out = torch.zeros(2, BP)
+    rstd_kernel[(1,)](xss, out, 1e-6, B=B, H=H, BP=BP, NSS=nss, NSS_PAD=pad)
+    assert torch.equal(out[0, :B], out[1, :B])
+    tree = torch.nn.functional.pad(xss.t(), (0, pad - nss))
+    while tree.shape[1] > 1:
+        tree = tree[:, 0::2] + tree[:, 1::2]
+    torch.testing.assert_close(out[0, :B], 1.0 / torch.sqrt(tree[:, 0] / H + 1e-6), rtol=2e-7, atol=0)
+    assert not torch.equal(tree[:, 0], xss.sum(0)), "the values should tell one order of additions from another"
