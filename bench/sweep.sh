@@ -6,6 +6,8 @@
 #   bash bench/sweep.sh --list            # the parts, what each runs, the GPUs it needs
 #   bash bench/sweep.sh --print PART      # its commands, without running them
 #   bash bench/sweep.sh PART [PART...]    # run them (exit status 1 if any command failed)
+#   bash bench/sweep.sh --gpus N PART...  # one-GPU parts side by side on N GPUs, one a GPU, each
+#                                         # GPU taking the next part when its last one ends
 #   python -m bench.coverage              # per GPU type, the parts whose rows the table still lacks
 #
 # A part's time is a guess from earlier runs (compiled peers take 30-75 s to compile per setting; on
@@ -91,9 +93,12 @@ commands() {    # the commands of part $1, one a line
 
 known() { local p; for p in "${PARTS[@]}"; do [ "${p%%|*}" = "$1" ] && return 0; done; return 1; }
 
-usage() { echo "usage: bash bench/sweep.sh --list | --print PART | PART [PART...]" >&2; exit 2; }
+usage() { echo "usage: bash bench/sweep.sh --list | --print PART | [--gpus N] PART [PART...]" >&2; exit 2; }
+
+part_gpus() { local p; for p in "${PARTS[@]}"; do [ "${p%%|*}" = "$1" ] && { IFS='|' read -r _ g _ <<<"$p"; echo "$g"; }; done; }
 
 [ $# -ge 1 ] || usage
+gpus=1
 case "$1" in
 --list)
     printf '%-18s %-5s %s\n' part GPUs "what it runs"
@@ -103,19 +108,65 @@ case "$1" in
     [ $# -eq 2 ] || usage
     known "$2" || { echo "error: no part '$2' (bash bench/sweep.sh --list names them)" >&2; exit 2; }
     commands "$2"; exit 0 ;;
+--gpus)
+    [ $# -ge 3 ] && [[ "$2" =~ ^[1-9][0-9]*$ ]] || usage
+    gpus=$2; shift 2 ;;
 -*) usage ;;
 esac
 for part in "$@"; do     # every name checked before anything runs
     known "$part" || { echo "error: no part '$part' (bash bench/sweep.sh --list names them)" >&2; exit 2; }
+    if [ "$gpus" -gt 1 ] && [ "$(part_gpus "$part")" != 1 ]; then
+        echo "error: part '$part' needs $(part_gpus "$part") GPUs; --gpus runs one-GPU parts side by side (run it alone)" >&2
+        exit 2
+    fi
 done
 cd "$(dirname "$0")/.." || exit 2
 # multi-GPU parts: NVLink multicast off, as bench/tp_run.sh runs them
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-failed=0
-for part in "$@"; do
+
+run_part() {    # part $1, its rows recorded in $2
+    local cmd failed=0
     while IFS= read -r cmd; do
+        cmd=${cmd//"--record $RECORD"/"--record $2"}
         echo "+ $cmd" >&2
         eval "$cmd" || { echo "FAILED ($?): $cmd" >&2; failed=1; }     # eval: --serve's quoted settings
-    done < <(commands "$part")
+        [ "${stop:-0}" = 1 ] && break       # interrupted (a lane's trap): no further command
+    done < <(commands "$1")
+    return $failed
+}
+
+if [ "$gpus" -eq 1 ]; then
+    failed=0
+    for part in "$@"; do run_part "$part" "$RECORD" || failed=1; done
+    exit $failed
+fi
+
+# Side by side: each GPU's parts record into RECORD.gpuN, moved into RECORD as each part ends (one
+# lane at a time: a bench cut short rewrites its own file to mark its rows partial, which must not
+# race another's appends). On SIGINT or SIGTERM (Ctrl-C, or `timeout -s INT` around a device call)
+# the benches keep their finished rows; each lane moves them and takes no further part.
+parts=("$@")
+queue=$(mktemp -d)
+echo 0 >"$queue/next"
+for ((g = 0; g < gpus; g++)); do
+    (
+        stop=0
+        trap 'stop=1' INT TERM
+        lane_record="$RECORD.gpu$g" failed=0
+        while [ $stop -eq 0 ]; do
+            i=$(flock "$queue/next" sh -c 'i=$(cat "$1"); echo $((i + 1)) >"$1"; echo "$i"' _ "$queue/next")
+            [ "$i" -lt ${#parts[@]} ] || break
+            echo "== part ${parts[$i]} on GPU $g" >&2
+            CUDA_VISIBLE_DEVICES=$g run_part "${parts[$i]}" "$lane_record" || failed=1
+            if [ -s "$lane_record" ]; then
+                flock "$queue/next" sh -c 'cat "$1" >>"$2" && rm "$1"' _ "$lane_record" "$RECORD" || failed=1
+            fi
+        done
+        echo $failed >"$queue/failed.$g"
+    ) 2>&1 | (trap '' INT TERM; exec sed -u "s/^/[gpu $g] /") &
 done
+wait
+failed=0
+for ((g = 0; g < gpus; g++)); do [ "$(cat "$queue/failed.$g" 2>/dev/null)" = 0 ] || failed=1; done
+rm -rf "$queue"
 exit $failed
