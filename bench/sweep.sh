@@ -91,11 +91,11 @@ commands() {    # the commands of part $1, one a line
     esac
 }
 
-known() { local p; for p in "${PARTS[@]}"; do [ "${p%%|*}" = "$1" ] && return 0; done; return 1; }
 
 usage() { echo "usage: bash bench/sweep.sh --list | --print PART | [--gpus N] PART [PART...]" >&2; exit 2; }
 
 part_gpus() { local p; for p in "${PARTS[@]}"; do [ "${p%%|*}" = "$1" ] && { IFS='|' read -r _ g _ <<<"$p"; echo "$g"; }; done; }
+known() { [ -n "$(part_gpus "$1")" ]; }
 
 [ $# -ge 1 ] || usage
 gpus=1

@@ -83,9 +83,9 @@ def write_xs(v, cols, ok, b, nw_ptr, xs_ptr, xss_ptr, blk, B: tl.constexpr, H: t
 
 
 @triton.jit
-def _ss_quarter(xss_ptr, j0, B: tl.constexpr, NSS: tl.constexpr, CH: tl.constexpr, BP: tl.constexpr):
-    """The tree sum (``tree_sum``) of blocks [j0, j0 + CH) of each sequence's sums of squares [BP]."""
-    j = j0 + tl.arange(0, CH)
+def _ss_tree(xss_ptr, j0, B: tl.constexpr, NSS: tl.constexpr, W: tl.constexpr, BP: tl.constexpr):
+    """The tree sum (``tree_sum``) of blocks [j0, j0 + W) of each sequence's sums of squares [BP]."""
+    j = j0 + tl.arange(0, W)
     b = tl.arange(0, BP)
     p = tl.load(xss_ptr + j[None, :] * B + b[:, None], mask=(j[None, :] < NSS) & (b[:, None] < B), other=0.0,
                 cache_modifier=".cg")
@@ -104,10 +104,10 @@ def load_rstd(xss_ptr, eps, B: tl.constexpr, H: tl.constexpr, BP: tl.constexpr):
         # megakernel's spill loads went from 781 to 107; at 2048 values and under (8b batch 32) one
         # load spills less.
         CH: tl.constexpr = NSS_PAD // 4
-        s = (_ss_quarter(xss_ptr, 0, B, NSS, CH, BP) + _ss_quarter(xss_ptr, CH, B, NSS, CH, BP)) + \
-            (_ss_quarter(xss_ptr, 2 * CH, B, NSS, CH, BP) + _ss_quarter(xss_ptr, 3 * CH, B, NSS, CH, BP))
+        s = (_ss_tree(xss_ptr, 0, B, NSS, CH, BP) + _ss_tree(xss_ptr, CH, B, NSS, CH, BP)) + \
+            (_ss_tree(xss_ptr, 2 * CH, B, NSS, CH, BP) + _ss_tree(xss_ptr, 3 * CH, B, NSS, CH, BP))
     else:
-        s = _ss_quarter(xss_ptr, 0, B, NSS, NSS_PAD, BP)
+        s = _ss_tree(xss_ptr, 0, B, NSS, NSS_PAD, BP)
     return 1.0 / tl.sqrt(s / H + eps)
 
 

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from instructions.kind import split_rows
-from instructions.wgmma import SS_ROWS, _ss_quarter, load_rstd
+from instructions.wgmma import SS_ROWS, _ss_tree, load_rstd
 from megakernel import MegaQwen3, load_model
 
 from test_reference_vs_hf import random_prompt, rel_err
@@ -57,7 +57,7 @@ def rstd_kernel(xss_ptr, out_ptr, eps, B: tl.constexpr, H: tl.constexpr, BP: tl.
     b = tl.arange(0, BP)
     tl.store(out_ptr + b, load_rstd(xss_ptr, eps, B, H, BP), mask=b < B)
     # the same blocks in one load, one tree
-    tl.store(out_ptr + BP + b, 1.0 / tl.sqrt(_ss_quarter(xss_ptr, 0, B, NSS, NSS_PAD, BP) / H + eps), mask=b < B)
+    tl.store(out_ptr + BP + b, 1.0 / tl.sqrt(_ss_tree(xss_ptr, 0, B, NSS, NSS_PAD, BP) / H + eps), mask=b < B)
 
 
 @pytest.mark.parametrize("B, BP, H", [(64, 64, 5120), (3, 8, 5120), (64, 64, 1024)])
