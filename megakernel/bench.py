@@ -192,26 +192,37 @@ class StaticRunner:
 
 
 def hf_model(model):
-    """transformers' Qwen3ForCausalLM holding the same weights (copied in from our stacked tensors)."""
+    """transformers' Qwen3ForCausalLM on the same weights: its parameters are views of our stacked
+    tensors, not copies, so the peer costs no second copy of the model (32b is 64 GB in bf16)."""
     from transformers import Qwen3Config as HFConfig, Qwen3ForCausalLM
     from models.qwen3.weights import hf_slots
-    cfg = model.config
+    cfg, dtype, dev = model.config, model.weights.dtype, model.weights.device
     d = cfg.to_dict()
     d.pop("architectures", None)
     d["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     hc = HFConfig(**{k: v for k, v in d.items() if k not in ("model_type", "torch_dtype")})
     default = torch.get_default_dtype()
-    torch.set_default_dtype(model.weights.dtype)   # built in the weights' dtype: no float32 copy of 8b
+    torch.set_default_dtype(dtype)
     try:
-        with torch.device(model.weights.device):
+        with torch.device("meta"):      # no memory: every parameter is assigned a view below
             m = Qwen3ForCausalLM(hc)
     finally:
         torch.set_default_dtype(default)
-    missing, unexpected = m.load_state_dict(hf_slots(cfg, model.weights), strict=False)
+    # a tensor of another dtype (none today) is cast, as load_state_dict's copy would have cast it
+    slots = {k: t if t.dtype == dtype else t.to(dtype) for k, t in hf_slots(cfg, model.weights).items()}
+    missing, unexpected = m.load_state_dict(slots, strict=False, assign=True)
     missing = [k for k in missing if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
     if missing or unexpected:
         raise RuntimeError(f"weights do not map onto Qwen3ForCausalLM: missing {missing[:3]}, "
                            f"unexpected {unexpected[:3]}")
+    if cfg.tie_word_embeddings:
+        m.lm_head.weight = m.model.embed_tokens.weight
+    # the rotary frequencies are buffers computed at construction: made again on the device
+    with torch.device(dev):
+        m.model.rotary_emb = type(m.model.rotary_emb)(hc)
+    left = [n for n, t in [*m.named_parameters(), *m.named_buffers()] if t.is_meta]
+    if left:
+        raise RuntimeError(f"Qwen3ForCausalLM holds tensors this bench does not fill: {left[:3]}")
     return m.eval()
 
 

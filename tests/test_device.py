@@ -72,3 +72,17 @@ def test_cpu_is_interpreted_and_float32_by_default():
     assert device.interpreted()
     assert device.default_dtype(torch.device("cpu")) == torch.float32
     assert device.default_dtype(torch.device("cuda")) == torch.bfloat16
+
+
+def test_fit_check_counts_what_torchs_allocator_holds_unused(monkeypatch):
+    """Memory torch's caching allocator reserved for tensors since freed (a peer's activations, an
+    earlier setting's cache) is free to the next allocation: the check must not refuse it."""
+    gib = 1024 ** 3
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "GPU")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (1 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 30 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 20 * gib)
+    cuda = torch.device("cuda", 0)
+    device.check_fits(cuda, 8 * gib, "a KV cache")          # 1 GiB free + 10 reserved unused
+    with pytest.raises(MemoryError, match=r"a KV cache needs 12.0 GiB on GPU, which has 11.0 GiB free"):
+        device.check_fits(cuda, 12 * gib, "a KV cache")

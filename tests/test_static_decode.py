@@ -106,3 +106,20 @@ def test_hf_compile_peer_mutates_only_static_inputs(tiny_checkpoint, seed, fresh
         a = compiled.forced(a)
         assert torch.equal(a, tiny.hf(full).logits[:, -1].argmax(-1))
     assert seen["mutated"] and seen["mutated"] <= seen["static"], seen
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("tie", [False, True])
+def test_hf_peer_shares_our_weights(tiny_checkpoint, seed, tie):
+    """The bench's transformers peer holds views of the model's stacked weights, not a second copy
+    (32b in bf16 would need 128 GB), and gives the logits of transformers' own load of the checkpoint."""
+    from megakernel.bench import hf_model
+    from megakernel.model import load_model
+    tiny = tiny_checkpoint(**SHAPE, tie=tie)
+    model = load_model(str(tiny.folder), device="cpu", progress=False)
+    peer = hf_model(model)
+    ours = {t.untyped_storage().data_ptr() for t in vars(model.weights).values() if isinstance(t, torch.Tensor)}
+    assert all(p.untyped_storage().data_ptr() in ours for p in peer.parameters())
+    assert (peer.lm_head.weight is peer.model.embed_tokens.weight) == tie
+    ids = torch.randint(0, tiny.vocab_size, (2, 9), generator=torch.Generator().manual_seed(seed))
+    assert rel_err(peer(ids).logits, tiny.hf(ids).logits) < 1e-6
