@@ -436,3 +436,23 @@ def test_prefill_slots_with_graphs_gives_the_eager_first_tokens(tiny_checkpoint,
         mk.prefill_slots([1], [prompts[2] * 2])          # 22 tokens: past it, the eager prefill
         firsts.append((mk.tokens.tolist(), mk.cache.lengths.tolist()))
     assert firsts[0] == firsts[1] and ran == [2]
+
+
+def test_chunk_grows_with_a_gpus_free_memory(monkeypatch):
+    """On a GPU with room, a chunk's activations may take a quarter of the free memory (what torch's
+    allocator holds unused included): 8b's 32k-token prompt is one chunk with 100 GiB free, and
+    with 4 GiB free the fixed budget holds. Without a device (a TP rank) the budget is fixed."""
+    from models.qwen3.config import PRESETS
+    gib = 1024 ** 3
+    mem = {"free": 90 * gib, "unused": 10 * gib}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (mem["free"], 141 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 20 * gib + mem["unused"])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 20 * gib)
+    cfg, cuda = PRESETS["8b"], torch.device("cuda", 0)
+    per = qwen3_prefill.act_bytes_per_token(cfg, 2)
+    assert qwen3_prefill.act_budget(cuda) == 25 * gib
+    assert qwen3_prefill.default_chunk(cfg, torch.bfloat16, cuda) == 25 * gib // per >= 32768
+    assert qwen3_prefill.default_chunk(cfg, torch.bfloat16) == qwen3_prefill.PREFILL_ACT_BYTES // per < 32768
+    mem.update(free=1 * gib, unused=3 * gib)
+    assert qwen3_prefill.act_budget(cuda) == qwen3_prefill.PREFILL_ACT_BYTES
+    assert qwen3_prefill.act_budget(torch.device("cpu")) == qwen3_prefill.PREFILL_ACT_BYTES

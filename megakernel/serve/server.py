@@ -35,7 +35,8 @@ DEFAULT_MAX_NUM_SEQS = 64     # the largest bucket of runtime.BUCKETS
 CPU_MAX_NUM_SEQS = 8          # the interpreter's steps take seconds: a small batch
 TP_MAX_NUM_SEQS = 16          # every rank must agree without measuring its memory
 # Memory the default --max-num-seqs leaves free beside the KV cache: the prefill's activations
-# (models.qwen3.prefill.PREFILL_ACT_BYTES), the step's scratch and the allocator's slack
+# (models.qwen3.prefill.act_budget: 2 GiB, or a quarter of what the cache leaves free), the step's
+# scratch and the allocator's slack
 KV_RESERVE_BYTES = 3 << 30
 KV_FREE_FRACTION = 0.9
 

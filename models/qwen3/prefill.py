@@ -40,6 +40,9 @@ from .weights import Qwen3Weights
 # by a token count: a prompt that fits is one chunk, whose attention is plain causal (SDPA's flash
 # kernel), where later chunks would attend from the lower right over their cache prefix.
 PREFILL_ACT_BYTES = 2 << 30
+# ... or, on a GPU where more is free, this fraction of what is free: 8b's 32k-token prompt on an H200
+# is then one chunk, as transformers runs it, not two of 16k (the second attending over the first)
+PREFILL_FREE_FRACTION = 0.25
 PREFILL_MIN_CHUNK = 4096    # never fewer tokens a chunk: below this the GEMMs lose their rate
 PREFILL_CHUNK: int | None = None   # a fixed chunk size instead of the budget (tests)
 
@@ -51,12 +54,23 @@ def act_bytes_per_token(cfg: Qwen3Config, itemsize: int) -> int:
     return itemsize * (3 * cfg.hidden_size + 2 * qkv + cfg.q_size + 3 * cfg.intermediate_size)
 
 
-def default_chunk(cfg: Qwen3Config, dtype: torch.dtype) -> int:
-    """Tokens a chunk: PREFILL_CHUNK where set, else as many as PREFILL_ACT_BYTES holds."""
+def act_budget(device: torch.device | None) -> int:
+    """Bytes a chunk's activations may take: PREFILL_ACT_BYTES, or on a CUDA GPU PREFILL_FREE_FRACTION
+    of its free memory where that is more (what torch's allocator holds unused counts as free)."""
+    if device is None or device.type != "cuda":
+        return PREFILL_ACT_BYTES
+    free, _ = torch.cuda.mem_get_info(device)
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return max(PREFILL_ACT_BYTES, int(free * PREFILL_FREE_FRACTION))
+
+
+def default_chunk(cfg: Qwen3Config, dtype: torch.dtype, device: torch.device | None = None) -> int:
+    """Tokens a chunk: PREFILL_CHUNK where set, else as many as ``act_budget(device)`` holds (no
+    device: PREFILL_ACT_BYTES, which every rank of a tensor-parallel run must use alike)."""
     if PREFILL_CHUNK is not None:
         return PREFILL_CHUNK
     per = act_bytes_per_token(cfg, dtype.itemsize)
-    return max(PREFILL_MIN_CHUNK, PREFILL_ACT_BYTES // per)
+    return max(PREFILL_MIN_CHUNK, act_budget(device) // per)
 
 
 def plan_chunks(lengths: Sequence[int], chunk_size: int) -> list[list[tuple[int, int, int, int]]]:
@@ -216,13 +230,15 @@ def _layer_weights(w: Qwen3Weights, name: str, transposed: bool = False):
 def prefill(cfg: Qwen3Config, w: Qwen3Weights, cache: KVCache, prompts: Sequence,
             chunk_size: int | None = None, reduce=None, slots: Sequence[int] | None = None) -> torch.Tensor:
     """Prefill sequence b of ``cache`` with ``prompts[b]`` (1-D token ids) from position 0, in
-    chunks of at most ``chunk_size`` tokens (default ``default_chunk``); sets ``cache.lengths``.
+    chunks of at most ``chunk_size`` tokens (default ``default_chunk``, on the weights' device); sets
+    ``cache.lengths``.
     Returns float32 logits [B, vocab] of each prompt's last position. ``reduce``: with tensor
     parallelism (``cfg`` and ``w`` one rank's share, ``tp.py``), the in-place sum over the ranks
     of the O and down projections' partial sums, before their residual adds. ``slots``: prompt i
     goes into the cache's sequence ``slots[i]`` instead (the others are left as they are), so a
     server admits several prompts into a running batch in one pass."""
-    chunk_size = default_chunk(cfg, w.dtype) if chunk_size is None else chunk_size
+    if chunk_size is None:   # ranks of a TP run must cut alike: their free memory may differ
+        chunk_size = default_chunk(cfg, w.dtype, w.device if reduce is None else None)
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     if slots is None:
