@@ -467,13 +467,19 @@ def questions_markdown(rows: list[dict], plots: str | Path, rel_to: str | Path, 
             latest[k] = r
     keys = sorted({k[:3] for k in latest}, key=lambda k: (k[0], _model_key(k[1]), k[2]))
     keys = [k for k in keys if len({x[2] for x in latest if x[:2] == k[:2]}) > 1]   # an x-axis: 2+ lengths
-    out += ["", "**How long does the prefill take, by prompt length?** ms to prefill one prompt (batch 1):", ""]
-    body = []
-    for d, m, p in keys:
+    out += ["", "**How long does the prefill take, by prompt length?** ms to prefill one prompt (batch 1), "
+                "the megakernel's, and in brackets transformers' time over it (above 1: the megakernel is faster):", ""]
+    # one row a model and GPU, one column a prompt length: a table a reader takes in at a glance
+    models = sorted({k[:2] for k in keys}, key=lambda k: (k[0], _model_key(k[1])))
+    lens = sorted({k[2] for k in keys})
+
+    def cell(d, m, p):
         mk, hf = latest.get((d, m, p, "megakernel")), latest.get((d, m, p, "hf"))
-        body.append([f"{m} on {d}", str(p), _fmt(mk and mk["prefill_ms"], 2), _fmt(hf and hf["prefill_ms"], 2),
-                     _fmt(hf["prefill_ms"] / mk["prefill_ms"], 2) if mk and hf else "-"])
-    out += _table(["model", "prompt", "megakernel ms", "transformers ms", "transformers / megakernel"], body) \
+        if mk is None:
+            return "-"
+        return _fmt(mk["prefill_ms"], 1) + (f" ({hf['prefill_ms'] / mk['prefill_ms']:.2f}x)" if hf else "")
+    body = [[f"{m} on {d}"] + [cell(d, m, p) for p in lens] for d, m in models]
+    out += _table(["model"] + [f"{p:,}" for p in lens], body) \
         if body else ["_No prefill runs over several prompt lengths recorded._"]
     series = defaultdict(list)
     for (d, m, p, b), r in sorted(latest.items(), key=lambda kv: (_model_key(kv[0][1]), kv[0][2])):
