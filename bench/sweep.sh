@@ -14,8 +14,9 @@
 # an H100 one call fit 0.6b at batch 1, 4 and 8 with every peer, or 8b at two batches, so run one
 # part a call); a bench cut short keeps the rows that finished (marked partial), so a part that
 # overruns loses only its last setting. RECORD=path
-# records elsewhere. On an 80 GB H100, 32b beside the transformers peer may not fit twice: the
-# bench reports that backend's failure in its row and runs the others.
+# records elsewhere. The peers share the model's weights (transformers' holds views of them), so
+# 32b's 64 GB is on the GPU once; a backend that does not fit reports its failure in its row and
+# the others run.
 set -u
 RECORD=${RECORD:-bench/results.jsonl}
 BENCH="python -m megakernel.bench --random-weights --prompt-len 128 -n 128 --record $RECORD"

@@ -54,7 +54,7 @@ def gateup_tile(t0, t1, layer, x_ptr, wgu_ptr, wgus_ptr, postnorm_ptr, act_ptr, 
         seen = (swap_tiles_called if (BT // BT_CALL) % 2 == 1 else swap_tiles)(
             t0, t1, g_ptr, g_ptr + I * H, gs_ptr, us_ptr, xs_ptr, xss_ptr, eps, act_ptr, act_ptr, kpart_ptr,
             kticks_ptr + TICK_GU * TICK_STRIDE, x_ptr, xs_ptr, cnt_ptr, target, B, I, H, R, SK, SB, True, True, GATEUP,
-            False, WAIT, SPIN, BT - BT_SWAP)
+            False, WAIT, SPIN, BT - BT_SWAP, POOL, claims_ptr, claims_base)
     elif BT:
         seen = gateup_batch(t0, t1, layer, x_ptr, wgu_ptr, wgus_ptr, postnorm_ptr, act_ptr, eps, cnt_ptr, target,
                             B, H, I, R, BK, SB, WAIT, SPIN, BT == BT_BF16)

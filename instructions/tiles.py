@@ -33,9 +33,10 @@ def gemv_tile(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_
     """Tiles [t0, t1) of a row-major [N, K] GEMV over each of B input rows (RMS-normalised with
     weight ``nw`` when NORM), with the epilogue EPI (FP8 weights with their scales ``ws`` at SB
     rows a scale row). The register tiles hold R rows and, with a POOL (the op's last POOL tiles,
-    ``scheduler/ops.py``), go on to pool tiles claimed from ``claims_ptr``; the batched tiles have
-    no pools. The weights-on-M tile's tiles are R-row blocks times SK K-splits, whose partials meet
-    in ``kpart`` under the ticket words at ``tick_ptr``; it reads a normalised input from ``xs`` and
+    ``scheduler/ops.py``), go on to pool tiles claimed from ``claims_ptr``, as the weights-on-M tile
+    does; the batch-on-M tile has no pools. The weights-on-M tile's tiles are R-row blocks times SK
+    K-splits, whose partials meet in ``kpart`` under the ticket words at ``tick_ptr``; it reads a
+    normalised input from ``xs`` and
     ``xss`` (not ``in_ptr`` and ``nw``), and a RESIDUAL epilogue writes them for the next normalised
     stage with the norm weight ``nw2`` (``instructions.wgmma``)."""
     if BT >= BT_SWAP:     # (else-chains, not early returns: the code after a return is still compiled)
@@ -45,7 +46,8 @@ def gemv_tile(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_
             x_in = in_ptr
         seen = (swap_tiles_called if (BT // BT_CALL) % 2 == 1 else swap_tiles)(
             t0, t1, w_ptr, w_ptr, ws_ptr, ws_ptr, x_in, xss_ptr, eps, out_ptr, aux_ptr, kpart_ptr, tick_ptr, nw2_ptr,
-            xs_ptr, cnt_ptr, target, B, N, K, R, SK, SB, NORM, False, EPI, EPI == RESIDUAL, WAIT, SPIN, BT - BT_SWAP)
+            xs_ptr, cnt_ptr, target, B, N, K, R, SK, SB, NORM, False, EPI, EPI == RESIDUAL, WAIT, SPIN, BT - BT_SWAP,
+            POOL, claims_ptr, claims_base)
     elif BT:
         seen = gemv_batch(t0, t1, w_ptr, ws_ptr, in_ptr, nw_ptr, eps, out_ptr, aux_ptr, cnt_ptr, target,
                           B, N, K, R, BK, SB, NORM, EPI, WAIT, SPIN, BT == BT_BF16)

@@ -12,7 +12,9 @@ is row block t // SK over K columns [(t % SK) K / SK, (t % SK + 1) K / SK), so a
 row blocks than workers still keeps every worker streaming. Each split stores its partial sums in
 ``kpart`` and takes a ticket on its row block; the split that takes the last ticket adds the SK partials in split order
 (so the sum does not depend on which split finished last) and runs the epilogue. The ticket words
-only grow: a row block's tickets of one use are those past the last multiple of SK.
+only grow: a row block's tickets of one use are those past the last multiple of SK. With a pool
+(the plan's ``POOL_*``, ``scheduler/ops.py``) the stage's last tiles belong to no instruction: each
+claims them one at a time after its own, so the stage ends with the mean worker.
 
 RMS-normalised inputs (QKV, gate/up, the LM head) are not normalised here. The stage that writes x
 (EMBED, and the O and down tiles' residual epilogue, XOUT) also writes x times the next norm
@@ -41,7 +43,8 @@ import triton.language as tl
 
 from scheduler.ops import SWAP_SMEM_BASE, SWAP_SMEM_STEP
 
-from .common import ARGMAX, BT_N16, BT_PRE, BT_SMEM, BT_TMA, GATEUP, RELAXED, RESIDUAL, argmax_key, round_bf16, sum_pairs, wait_counter
+from .common import (ARGMAX, BT_N16, BT_PRE, BT_SMEM, BT_TMA, GATEUP, RELAXED, RESIDUAL, argmax_key, claim,
+                     next_tile, round_bf16, sum_pairs, wait_counter)
 from .fp8 import e4m3_bf16, quantize_e4m3
 
 # the tile's input contracts (``XIN``; the plan's BATCH_INPUT, module doc)
@@ -290,10 +293,61 @@ def _epilogue(acc, acc2, rows, row_end, rb, out_ptr, aux_ptr, xss_ptr, eps, nw2_
 
 
 @triton.jit
+def _pipelined(acc, acc2, wd, wd2, in_ptr, ws_ptr, ws2_ptr, bb, row0, rows, rows_ok, k_from, k_lo, B: tl.constexpr,
+               K: tl.constexpr, KSPAN: tl.constexpr, KC: tl.constexpr, BM: tl.constexpr, STAGES: tl.constexpr,
+               SB: tl.constexpr, TWO: tl.constexpr, FP8: tl.constexpr, SPLIT: tl.constexpr, EXACT: tl.constexpr,
+               XBF16: tl.constexpr, XT: tl.constexpr, W8A8: tl.constexpr, RAW: tl.constexpr, TMA: tl.constexpr):
+    """The sums plus the split's chunks from column k_from to its end (the split from k_lo), in
+    Triton's software pipeline of STAGES chunks of weights and input."""
+    for k0 in tl.range(k_from, k_lo + KSPAN, KC, num_stages=STAGES):
+        w = _load_w(wd, row0, rows_ok, K, k0, BM, KC, RAW, TMA)
+        w2 = w
+        if TWO:
+            w2 = _load_w(wd2, row0, rows_ok, K, k0, BM, KC, RAW, TMA)
+        xh, xl = _load_x(in_ptr, bb, k0, k_lo, B, K, KSPAN, KC, SPLIT)
+        acc, acc2 = _chunk(acc, acc2, w, w2, xh, xl, ws_ptr, ws2_ptr, rows, rows_ok, k0,
+                           K, SB, TWO, FP8, SPLIT, EXACT, XBF16, XT, W8A8)
+    return acc, acc2
+
+
+@triton.jit
+def _finish(acc, acc2, rb, ks, rows, rows_ok, row_end, bb, out_ptr, aux_ptr, xss_ptr, eps, nw2_ptr, xs_ptr,
+            kpart_ptr, tick_ptr, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr, SK: tl.constexpr,
+            NT: tl.constexpr, TWO: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr, XOUT: tl.constexpr):
+    """A tile's end: its row block's epilogue, or with SK > 1 its split's partial sums stored and a
+    ticket taken, the last split adding the SK partials in split order and running the epilogue."""
+    BM: tl.constexpr = acc.shape[0]
+    BP: tl.constexpr = acc.shape[1]
+    if SK == 1:
+        _epilogue(acc, acc2, rows, row_end, rb, out_ptr, aux_ptr, xss_ptr, eps, nw2_ptr, xs_ptr, B, N, K, NORM,
+                  EPI, XOUT)
+    else:
+        ok = rows_ok[:, None] & (bb[None, :] < B)
+        po = kpart_ptr + ks * (B * NT) + bb[None, :] * NT + rows[:, None]
+        tl.store(po, acc, mask=ok)
+        if TWO:
+            tl.store(po + N, acc2, mask=ok)
+        tl.debug_barrier()     # every thread's partials stored before the ticket's release
+        tick = tl.atomic_add(tick_ptr + rb, 1, sem="acq_rel", scope="gpu")
+        if tick % SK == SK - 1:
+            # the last split of this row block: add the SK partials in split order
+            acc = tl.zeros([BM, BP], dtype=tl.float32)
+            acc2 = tl.zeros([BM, BP], dtype=tl.float32)
+            for j in tl.static_range(SK):
+                pj = kpart_ptr + j * (B * NT) + bb[None, :] * NT + rows[:, None]
+                acc += tl.load(pj, mask=ok, other=0.0, cache_modifier=".cg")
+                if TWO:
+                    acc2 += tl.load(pj + N, mask=ok, other=0.0, cache_modifier=".cg")
+            _epilogue(acc, acc2, rows, row_end, rb, out_ptr, aux_ptr, xss_ptr, eps, nw2_ptr, xs_ptr, B, N, K,
+                      NORM, EPI, XOUT)
+
+
+@triton.jit
 def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out_ptr, aux_ptr, kpart_ptr, tick_ptr,
                nw2_ptr, xs_ptr, cnt_ptr, target, B: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                R: tl.constexpr, SK: tl.constexpr, SB: tl.constexpr, NORM: tl.constexpr, TWO: tl.constexpr,
-               EPI: tl.constexpr, XOUT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, XIN: tl.constexpr):
+               EPI: tl.constexpr, XOUT: tl.constexpr, WAIT: tl.constexpr, SPIN: tl.constexpr, XIN: tl.constexpr,
+               POOL: tl.constexpr, claims_ptr, claims_base):
     """Tiles [t0, t1) (module doc) of out[B, N] = X[B, K] @ W[N, K]^T with the epilogue EPI (STORE,
     RESIDUAL, ARGMAX, or GATEUP with W2 the up rows beside W's gate rows). With NORM, ``in_ptr`` is
     ``xs`` (x times the norm weight, a head and a remainder) and each sequence's sums are scaled by
@@ -358,58 +412,55 @@ def swap_tiles(t0, t1, w_ptr, w2_ptr, ws_ptr, ws2_ptr, in_ptr, xss_ptr, eps, out
         rb, ks, rows, rows_ok = _tile_rows(t0, R, SK, N, BM)
         rows_ok = rows_ok & (t0 + tl.zeros([BM], tl.int32) < t1)     # (no tile: nothing read)
         pa, p2a, pb, p2b = _pre_w(w_ptr, w2_ptr, rb * R, rows_ok, K, ks * KSPAN, BM, KC, RAW, TWO, PRE)
+    c = 0
+    if POOL > 0:
+        c = claim(claims_ptr)       # the first pool tile: asked for now, read after the last own tile
     seen = target
     if WAIT:
         seen = wait_counter(cnt_ptr, target, SPIN)
-    for t in range(t0, t1):
-        rb, ks, rows, rows_ok = _tile_rows(t, R, SK, N, BM)
-        row_end = tl.minimum(rb * R + R, N)
-        acc = tl.zeros([BM, BP], dtype=tl.float32)
-        acc2 = tl.zeros([BM, BP], dtype=tl.float32)
-        k_lo = ks * KSPAN
-        if PRE >= 1:
-            if t > t0:
-                pa, p2a, pb, p2b = _pre_w(w_ptr, w2_ptr, rb * R, rows_ok, K, k_lo, BM, KC, RAW, TWO, PRE)
-            xa, xla = _load_x(in_ptr, bb, k_lo, k_lo, B, K, KSPAN, KC, SPLIT)
-            xb, xlb = xa, xla
-            if PRE >= 2:
-                xb, xlb = _load_x(in_ptr, bb, k_lo + KC, k_lo, B, K, KSPAN, KC, SPLIT)
-        for k0 in tl.range(k_lo + PRE * KC, k_lo + KSPAN, KC, num_stages=STAGES):
-            w = _load_w(wd, rb * R, rows_ok, K, k0, BM, KC, RAW, TMA)
-            w2 = w
-            if TWO:
-                w2 = _load_w(wd2, rb * R, rows_ok, K, k0, BM, KC, RAW, TMA)
-            xh, xl = _load_x(in_ptr, bb, k0, k_lo, B, K, KSPAN, KC, SPLIT)
-            acc, acc2 = _chunk(acc, acc2, w, w2, xh, xl, ws_ptr, ws2_ptr, rows, rows_ok, k0,
-                               K, SB, TWO, FP8, SPLIT, EXACT, XBF16, XT, W8A8)
-        if PRE >= 1:
-            acc, acc2 = _chunk(acc, acc2, pa, p2a, xa, xla, ws_ptr, ws2_ptr, rows, rows_ok, k_lo,
-                               K, SB, TWO, FP8, SPLIT, EXACT, XBF16, XT, W8A8)
-            if PRE >= 2:
-                acc, acc2 = _chunk(acc, acc2, pb, p2b, xb, xlb, ws_ptr, ws2_ptr, rows, rows_ok, k_lo + KC,
+    if POOL > 0:
+        # the stage's last POOL tiles, claimed one at a time after this instruction's own (the
+        # register tiles' pools, ``gemv.gemv_rows_tiles``): the stage ends with the mean worker
+        tl.static_assert(PRE == 0, "a pooled weights-on-M stage takes no chunk before its wait")
+        NTILES: tl.constexpr = (N + R - 1) // R * SK
+        t = t0
+        while t < NTILES:
+            rb, ks, rows, rows_ok = _tile_rows(t, R, SK, N, BM)
+            row_end = tl.minimum(rb * R + R, N)
+            acc = tl.zeros([BM, BP], dtype=tl.float32)
+            acc2 = tl.zeros([BM, BP], dtype=tl.float32)
+            k_lo = ks * KSPAN
+            acc, acc2 = _pipelined(acc, acc2, wd, wd2, in_ptr, ws_ptr, ws2_ptr, bb, rb * R, rows, rows_ok, k_lo,
+                                   k_lo, B, K, KSPAN, KC, BM, STAGES, SB, TWO, FP8, SPLIT, EXACT, XBF16, XT, W8A8,
+                                   RAW, TMA)
+            _finish(acc, acc2, rb, ks, rows, rows_ok, row_end, bb, out_ptr, aux_ptr, xss_ptr, eps, nw2_ptr, xs_ptr,
+                    kpart_ptr, tick_ptr, B, N, K, SK, NT, TWO, NORM, EPI, XOUT)
+            t, c = next_tile(t, t1, c, claims_ptr, claims_base, NTILES, POOL)
+    else:
+        for t in range(t0, t1):
+            rb, ks, rows, rows_ok = _tile_rows(t, R, SK, N, BM)
+            row_end = tl.minimum(rb * R + R, N)
+            acc = tl.zeros([BM, BP], dtype=tl.float32)
+            acc2 = tl.zeros([BM, BP], dtype=tl.float32)
+            k_lo = ks * KSPAN
+            if PRE >= 1:
+                if t > t0:
+                    pa, p2a, pb, p2b = _pre_w(w_ptr, w2_ptr, rb * R, rows_ok, K, k_lo, BM, KC, RAW, TWO, PRE)
+                xa, xla = _load_x(in_ptr, bb, k_lo, k_lo, B, K, KSPAN, KC, SPLIT)
+                xb, xlb = xa, xla
+                if PRE >= 2:
+                    xb, xlb = _load_x(in_ptr, bb, k_lo + KC, k_lo, B, K, KSPAN, KC, SPLIT)
+            acc, acc2 = _pipelined(acc, acc2, wd, wd2, in_ptr, ws_ptr, ws2_ptr, bb, rb * R, rows, rows_ok,
+                                   k_lo + PRE * KC, k_lo, B, K, KSPAN, KC, BM, STAGES, SB, TWO, FP8, SPLIT, EXACT,
+                                   XBF16, XT, W8A8, RAW, TMA)
+            if PRE >= 1:
+                acc, acc2 = _chunk(acc, acc2, pa, p2a, xa, xla, ws_ptr, ws2_ptr, rows, rows_ok, k_lo,
                                    K, SB, TWO, FP8, SPLIT, EXACT, XBF16, XT, W8A8)
-        if SK == 1:
-            _epilogue(acc, acc2, rows, row_end, rb, out_ptr, aux_ptr, xss_ptr, eps, nw2_ptr, xs_ptr, B, N, K, NORM,
-                      EPI, XOUT)
-        else:
-            ok = rows_ok[:, None] & (bb[None, :] < B)
-            po = kpart_ptr + ks * (B * NT) + bb[None, :] * NT + rows[:, None]
-            tl.store(po, acc, mask=ok)
-            if TWO:
-                tl.store(po + N, acc2, mask=ok)
-            tl.debug_barrier()     # every thread's partials stored before the ticket's release
-            tick = tl.atomic_add(tick_ptr + rb, 1, sem="acq_rel", scope="gpu")
-            if tick % SK == SK - 1:
-                # the last split of this row block: add the SK partials in split order
-                acc = tl.zeros([BM, BP], dtype=tl.float32)
-                acc2 = tl.zeros([BM, BP], dtype=tl.float32)
-                for j in tl.static_range(SK):
-                    pj = kpart_ptr + j * (B * NT) + bb[None, :] * NT + rows[:, None]
-                    acc += tl.load(pj, mask=ok, other=0.0, cache_modifier=".cg")
-                    if TWO:
-                        acc2 += tl.load(pj + N, mask=ok, other=0.0, cache_modifier=".cg")
-                _epilogue(acc, acc2, rows, row_end, rb, out_ptr, aux_ptr, xss_ptr, eps, nw2_ptr, xs_ptr, B, N, K,
-                          NORM, EPI, XOUT)
+                if PRE >= 2:
+                    acc, acc2 = _chunk(acc, acc2, pb, p2b, xb, xlb, ws_ptr, ws2_ptr, rows, rows_ok, k_lo + KC,
+                                       K, SB, TWO, FP8, SPLIT, EXACT, XBF16, XT, W8A8)
+            _finish(acc, acc2, rb, ks, rows, rows_ok, row_end, bb, out_ptr, aux_ptr, xss_ptr, eps, nw2_ptr, xs_ptr,
+                    kpart_ptr, tick_ptr, B, N, K, SK, NT, TWO, NORM, EPI, XOUT)
     return seen
 
 

@@ -108,17 +108,27 @@ def _tiles(plan: Plan, op: Op) -> int:
     return plan.tiles(op)
 
 
+def can_pool(plan: Plan) -> bool:
+    """Whether the plan's GEMV tiles take pools: the register tiles, and the weights-on-M tile where
+    it loads no chunk before its wait (SWAP_PRE 0); not the batch-on-M tile."""
+    return not plan.BATCHED or (plan.BATCHED == 2 and not plan.SWAP_PRE)
+
+
 def with_pools(plan: Plan, workers: int, on: bool) -> Plan:
-    """Pools in every stage whose tiles give each worker one at least (a fifth of its tiles), or none.
-    The batched tile has no pools."""
-    if not on or plan.BATCHED:
+    """Pools in every stage whose tiles give each worker one at least (a fifth of its tiles), or none
+    (always none where the tiles take none, ``can_pool``)."""
+    if not on or not can_pool(plan):
         return replace(plan, **dict.fromkeys(POOL_FIELDS.values(), 0))
     return replace(plan, **{f: (min(_tiles(plan, op) // POOL_DIV, MAX_POOL_CLAIMS - workers)
                                 if _tiles(plan, op) >= workers else 0) for op, f in POOL_FIELDS.items()})
 
 
+# the op each K-split field cuts
+SPLITS = {"SK_QKV": Op.QKV, "SK_O": Op.OPROJ, "SK_GU": Op.GATEUP, "SK_DOWN": Op.DOWN}
+
+
 def _rescale_pool(plan: Plan, op: Op, workers: int) -> Plan:
-    """After a change of ``op``'s rows: its pool, where it has one, a fifth of its new tile count."""
+    """After a change of ``op``'s rows or K-splits: its pool, where it has one, a fifth of its new tile count."""
     field = POOL_FIELDS.get(op)
     if not field or not getattr(plan, field):
         return plan
@@ -161,8 +171,6 @@ def check_plan(plan: Plan, num_warps: int = 4) -> str | None:
         return f"KV_STAGES={plan.KV_STAGES}: 1 to 4"
     if not (_pow2(plan.NSPLIT) and plan.NSPLIT <= 64):
         return f"NSPLIT={plan.NSPLIT}: a power of two up to 64"
-    if plan.BATCHED and any(plan.pool(op) for op in POOL_FIELDS):
-        return "the batched tile has no pools"
     for op, field in POOL_FIELDS.items():
         if getattr(plan, field) >= _tiles(plan, op):
             return f"{field}={getattr(plan, field)}: a pool of all of its stage's {_tiles(plan, op)} tiles"
@@ -182,17 +190,18 @@ def moves(base: Plan, cand: Candidate, workers: int, cuda: bool) -> list[Candida
 
     layouts: list[Candidate] = []      # moves to another layout, relative to the rules' plan there
     pooled = any(p.pool(op) for op in POOL_FIELDS)
-    if not p.BATCHED:
+    if can_pool(p):
         add(with_pools(p, workers, not pooled))
     for v in (p.NSPLIT * 2, p.NSPLIT // 2):
         if v >= 1 and (v <= 2 or v * p.B * p.HKV <= 2 * workers):
-            add(replace(p, NSPLIT=v, ATTN_NEW=p.ATTN_NEW if v >= 2 else 0))
+            # (two kv heads a tile take one split: more splits end the pairs)
+            add(replace(p, NSPLIT=v, ATTN_NEW=p.ATTN_NEW if v >= 2 else 0, ATTN_PAIR=p.ATTN_PAIR if v == 1 else 1))
     if p.BATCHED == 2:
         # the weights-on-M tile: K-splits, and the rows of the stages whose blocks write no xss
         for name in ("SK_GU", "SK_DOWN", "SK_O", "SK_QKV"):
             for v in (getattr(p, name) * 2, getattr(p, name) // 2):
                 if v >= 1:
-                    add(replace(p, **{name: v}))
+                    add(_rescale_pool(replace(p, **{name: v}), SPLITS[name], workers))
         for name in ("R_GU", "R_LM", "R_QKV"):
             for v in (getattr(p, name) * 2, getattr(p, name) // 2):
                 if 8 <= v <= 128:

@@ -226,6 +226,11 @@ class Plan:
                 # REDUCE writes x's xs and xss there, whole blocks of SWAP_ROWS columns a tile
                 raise ValueError(f"R_AR={self.R_AR}: a REDUCE tile of the weights-on-M tile is whole "
                                  f"{SWAP_ROWS}-column blocks")
+        pooled = [f for f in POOL_FIELDS.values() if getattr(self, f)]
+        if pooled and (self.BATCHED == 1 or self.SWAP_PRE):
+            raise ValueError(f"{pooled[0]}={getattr(self, pooled[0])}: pools are the register tiles' and the "
+                             f"weights-on-M tile's without chunks before its wait (SWAP_PRE=0), not "
+                             f"BATCHED={self.BATCHED} with SWAP_PRE={self.SWAP_PRE}")
         if self.KV_B and self.KV_B < self.B:
             raise ValueError(f"KV_B={self.KV_B}: the KV cache must hold at least the plan's batch B={self.B}")
         if self.ATTN_NEW and self.NSPLIT < 2:

@@ -41,6 +41,38 @@ def test_split_k_tiles_match_reference(tiny_checkpoint, seed, batch):
     assert torch.equal(logits["megakernel"], logits["per-op"])
 
 
+
+def test_pools_on_the_weights_on_m_tile(tiny_checkpoint, seed):
+    """Pools (a stage's last tiles claimed at run time after an instruction's own) on the weights-on-M
+    tile, over K-splits: the megakernel, over launches of several steps and single steps, gives the
+    reference's tokens and the per-op kernels' logits bit for bit; the VM the same tokens. A plan
+    that loads chunks before its wait (SWAP_PRE) takes no pool."""
+    import dataclasses
+    from scheduler.ops import Op
+    tiny = tiny_checkpoint(hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16)
+    model = load_model(str(tiny.folder), device="cpu", progress=False)
+    g = torch.Generator().manual_seed(seed)
+    prompts = [random_prompt(int(n), tiny.vocab_size, seed + i)
+               for i, n in enumerate(torch.randint(1, 10, (3,), generator=g))]
+    _, ref, ref_logits = _run(model, "reference", prompts, 9)
+    pools = dict(SPLITS, R_GU=16, R_LM=16, SWAP_PRE=0, POOL_O=1, POOL_GU=7, POOL_DOWN=3, POOL_LM=9)
+    mk = MegaQwen3(model, max_seq_len=32, batch_size=3, backend="megakernel", plan_overrides=pools)
+    plan = mk.backend.plan
+    assert plan.BATCHED == 2 and [plan.pool(op) for op in (Op.OPROJ, Op.GATEUP, Op.DOWN, Op.LMHEAD)] == [1, 7, 3, 9]
+    assert [plan.tiles(op) for op in (Op.OPROJ, Op.GATEUP, Op.DOWN, Op.LMHEAD)] == [2, 16, 4, 20]
+    mk.prefill(prompts)
+    first = mk.logits.argmax(-1)
+    got = torch.cat([first[:, None], mk.steps(4, per_launch=4), mk.steps(3, per_launch=2), mk.step()[:, None]], 1)
+    assert torch.equal(got, ref), f"{got.tolist()} != reference {ref.tolist()}"
+    assert rel_err(mk.logits, ref_logits) < 1e-4
+    _, out, perop_logits = _run(model, "per-op", prompts, 9, plan_overrides=pools)
+    assert torch.equal(out, ref) and torch.equal(mk.logits, perop_logits)
+    _, out, _ = _run(model, "vm", prompts, 9, plan_overrides=pools)
+    assert torch.equal(out, ref)
+    with pytest.raises(ValueError, match="SWAP_PRE"):
+        dataclasses.replace(plan, SWAP_PRE=1)
+
+
 def test_split_rows_of_an_instruction():
     """A torch reference computes a row block once, where the instruction holds its last split."""
     # 3 splits a block of 64 rows, N = 150 (3 blocks, the last of 22 rows)

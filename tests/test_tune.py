@@ -285,6 +285,32 @@ def test_every_move_is_checked_or_named():
     assert cands and not any("BATCH_INPUT" in c.overrides for c in cands)
 
 
+
+def test_pools_are_searched_on_the_weights_on_m_tile():
+    """From batch 32 (no chunk before the wait) the tuner tries pools on the weights-on-M tile, and the
+    pooled plan passes the checks and the tape validator; a plan that loads a chunk before its wait
+    (SWAP_PRE, to batch 16 with bf16 weights) is not offered one, and one given is refused by name."""
+    from dataclasses import replace
+    from models.qwen3.weights import shapes_for
+    from megakernel.tune import Candidate, check_plan, moves, with_pools
+    from scheduler.graph import build_tape
+    from scheduler.ops import POOL_FIELDS, make_plan
+    from scheduler.validate import validate
+    base = make_plan(shapes_for("8b"), 64, 4096, 264, bf16_inputs=True)
+    assert base.BATCHED == 2 and not base.SWAP_PRE
+    pooled = [c for c in moves(base, Candidate(), 264, cuda=True) if any(k.startswith("POOL_") for k in c.overrides)]
+    assert len(pooled) == 1
+    plan = replace(base, **pooled[0].overrides)
+    assert plan.POOL_LM and check_plan(plan) is None
+    validate(build_tape(plan, 264))
+    pre = make_plan(shapes_for("8b"), 8, 4096, 264, bf16_inputs=True)
+    assert pre.SWAP_PRE
+    assert not any(k.startswith("POOL_") for c in moves(pre, Candidate(), 264, cuda=True) for k in c.overrides)
+    assert not any(pre.pool(op) for op in POOL_FIELDS) and with_pools(pre, 264, True) == pre
+    with pytest.raises(ValueError, match="SWAP_PRE"):
+        replace(plan, SWAP_PRE=1)
+
+
 def run(module, *args, timeout=600):
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(torch.get_num_threads()))
     return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=REPO, env=env, capture_output=True,

@@ -33,7 +33,8 @@ def swap_kernel(w_ptr, w2_ptr, in_ptr, xss_ptr, eps, out_ptr, kpart_ptr, tick_pt
                 EPI: tl.constexpr):
     pid = tl.program_id(0)
     swap_tiles(pid, pid + 1, w_ptr, w2_ptr, w_ptr, w_ptr, in_ptr, xss_ptr, eps, out_ptr, out_ptr, kpart_ptr, tick_ptr,
-               out_ptr, out_ptr, tick_ptr, 0, B, N, K, R, SK, 128, NORM, TWO, EPI, False, False, 0, False)
+               out_ptr, out_ptr, tick_ptr, 0, B, N, K, R, SK, 128, NORM, TWO, EPI, False, False, 0, False,
+               0, tick_ptr, 0)
 
 
 def norm_input(x, nw):
