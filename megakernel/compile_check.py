@@ -165,8 +165,8 @@ def _resources(k):
             sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
         regs = re.search(r"REG:(\d+)", out)
         stack = re.search(r"STACK:(\d+)", out)
-        return ((int(regs.group(1)) if regs else None), (int(stack.group(1)) if stack else None),
-                (len(re.findall(r"\bLDL\b", sass)) if sass else None), (len(re.findall(r"\bSTL\b", sass)) if sass else None))
+        spills = [len(re.findall(rf"\b{op}\b", sass)) if sass else None for op in ("LDL", "STL")]
+        return (int(regs.group(1)) if regs else None), (int(stack.group(1)) if stack else None), *spills
     except Exception:
         return None, None, None, None
 
@@ -267,8 +267,8 @@ def main(argv=None):
         for r in report:
             if r["ok"]:
                 print(f"{r['kernel']:<16} ok    warps {r['num_warps']}  shared {r['shared']}  regs {r['n_regs']}  "
-                      f"stack {r['stack_bytes']} (spill ld/st {r['spill_loads']}/{r['spill_stores']})  dots: wgmma {r['wgmma']}, mma.sync {r['mma_sync']}  tma loads {r['tma']}  "
-                      f"calls {r['calls']}")
+                      f"stack {r['stack_bytes']} (spill ld/st {r['spill_loads']}/{r['spill_stores']})  "
+                      f"dots: wgmma {r['wgmma']}, mma.sync {r['mma_sync']}  tma loads {r['tma']}  calls {r['calls']}")
             else:
                 print(f"{r['kernel']:<16} FAIL  {r['error']}")
                 if args.verbose:

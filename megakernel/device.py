@@ -98,9 +98,8 @@ def check_fits(device: torch.device, nbytes: int, what: str, margin: float = 1.0
     not have them free (the CPU is not checked: the OS decides there)."""
     if device.type != "cuda":
         return
-    free, total = torch.cuda.mem_get_info(device)
-    # what torch's caching allocator holds but no tensor uses is free to this allocation too
-    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    from models.qwen3.prefill import cuda_memory     # (counts torch's reserved, unused memory as free)
+    free, total = cuda_memory(device)
     if nbytes * margin > free:
         gib = 1024 ** 3
         raise MemoryError(f"{what} needs {nbytes / gib:.1f} GiB on {torch.cuda.get_device_name(device)}, which "

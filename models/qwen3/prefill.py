@@ -54,14 +54,19 @@ def act_bytes_per_token(cfg: Qwen3Config, itemsize: int) -> int:
     return itemsize * (3 * cfg.hidden_size + 2 * qkv + cfg.q_size + 3 * cfg.intermediate_size)
 
 
+def cuda_memory(device: torch.device) -> tuple[int, int]:
+    """(bytes an allocation on CUDA ``device`` can still get, the device's total): the driver's free
+    memory plus what torch's caching allocator holds but no tensor uses."""
+    free, total = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), total
+
+
 def act_budget(device: torch.device | None) -> int:
     """Bytes a chunk's activations may take: PREFILL_ACT_BYTES, or on a CUDA GPU PREFILL_FREE_FRACTION
-    of its free memory where that is more (what torch's allocator holds unused counts as free)."""
+    of its free memory (``cuda_memory``) where that is more."""
     if device is None or device.type != "cuda":
         return PREFILL_ACT_BYTES
-    free, _ = torch.cuda.mem_get_info(device)
-    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return max(PREFILL_ACT_BYTES, int(free * PREFILL_FREE_FRACTION))
+    return max(PREFILL_ACT_BYTES, int(cuda_memory(device)[0] * PREFILL_FREE_FRACTION))
 
 
 def default_chunk(cfg: Qwen3Config, dtype: torch.dtype, device: torch.device | None = None) -> int:
