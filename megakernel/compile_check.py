@@ -190,7 +190,10 @@ def build_parser():
     ap.add_argument("-m", "--model", default="0.6b",
                     help="size alias (0.6b 1.7b 4b 8b 14b 32b), its repo id, a checkpoint folder with a config.json, "
                          "or the demo shape tiny-random")
-    ap.add_argument("--workers", type=cli.at_least(1), default=264, help="worker programs of the persistent kernel")
+    ap.add_argument("--workers", type=cli.at_least(1), default=None,
+                    help="worker programs of the persistent kernel (default: what the rules' layout runs on an "
+                         "H100's or H200's 132 SMs, two an SM, or one of 8 warps where scheduler.ops.default_layout "
+                         "says so)")
     ap.add_argument("--batch-size", type=cli.at_least(1), default=1, help="sequences decoded together")
     ap.add_argument("--max-seq-len", type=cli.at_least(2), default=4096, help="KV-cache positions per sequence")
     ap.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
@@ -202,7 +205,8 @@ def build_parser():
                          "(w8a8, but weight-only at --tp > 1)")
     ap.add_argument("--arch", type=cli.at_least(70), default=90,
                     help="CUDA compute capability: 90 for H100/H200, 80 for A100")
-    ap.add_argument("--num-warps", type=int, choices=(1, 2, 4, 8, 16, 32), default=4, help="warps per program")
+    ap.add_argument("--num-warps", type=int, choices=(1, 2, 4, 8, 16, 32), default=None,
+                    help="warps per program (default: the rules' layout's, as --workers)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=N",
                     help="override a tile-plan field, e.g. --set R_GU=16 (repeatable)")
     ap.add_argument("--option", action="append", default=[], metavar="NAME=N",
@@ -246,6 +250,22 @@ def check_args(args):
             raise UsageError(f"--option {bad[0]}: not a backend option (one of {', '.join(sorted(known))})")
 
 
+HOPPER_SMS = 132    # an H100's or H200's
+
+
+def _layout(args):
+    """--workers and --num-warps where not given: the rules' layout on a GPU of ``HOPPER_SMS`` SMs
+    (``scheduler.ops.default_layout``), as a run with the rules' plan takes it."""
+    from models.qwen3.weights import shapes_for
+    from scheduler.ops import WORKERS_PER_SM, default_layout
+    warps, per_sm = 4, WORKERS_PER_SM
+    if args.num_warps is None and args.workers is None:
+        warps, per_sm = default_layout(shapes_for(args.model), args.batch_size, HOPPER_SMS,
+                                       bf16=args.dtype == "bfloat16", tp=args.tp, fp8=args.quantize == "fp8")
+    args.num_warps = args.num_warps or warps
+    args.workers = args.workers or HOPPER_SMS * per_sm
+
+
 def main(argv=None):
     from . import cli
 
@@ -257,6 +277,7 @@ def main(argv=None):
             return _rerun_compiled(sys.argv[1:] if argv is None else list(argv))
         os.environ.setdefault("DEVICE", "cuda")
         check_args(args)
+        _layout(args)
         report = compile_all(args.model, args.workers, args.batch_size, args.max_seq_len, args.arch,
                              dtype_name=args.dtype, tp=args.tp, quantize=args.quantize,
                              fp8_activations=args.fp8_activations, num_warps=args.num_warps,

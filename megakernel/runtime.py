@@ -28,6 +28,7 @@ from models.qwen3.reference import KVCache, Qwen3Reference
 from models.qwen3.sampling import SEED_BITS, SamplingParams, device_sample_reference, slot_settings
 
 BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph", "reference", "vm")
+KERNEL_BACKENDS = ("megakernel", "superkernel", "per-op", "cuda-graph")     # they run the plans' tiles on a GPU
 # The batches a server compiles (``MegaQwen3(buckets=...)``): each step runs the smallest that
 # holds its sequences, up to the allocated batch
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -105,6 +106,27 @@ def _make_backend(name: str, mk: "MegaQwen3", **options):
     if name in ("megakernel", "superkernel", "per-op", "cuda-graph"):
         return _import_backend(name, "megakernel.backends", "make_kernel_backend")(name, mk, **options)
     raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
+
+
+def _backend_options(mk, backend: str, choice, backend_options: dict) -> dict:
+    """A kernel backend's options: the tuned plan's where one is cached, then those given (a plan
+    field given wins over the tuned one's); with the rules' plan on a GPU, the rules' layout of
+    workers (``scheduler.ops.default_layout``) unless warps or workers an SM are given."""
+    options = {**choice.options(), **backend_options}
+    if choice.entry is not None and backend_options.get("plan_overrides"):
+        options["plan_overrides"] = {**choice.entry.fields, **backend_options["plan_overrides"]}
+    dev = mk.weights.device
+    if (backend in KERNEL_BACKENDS and dev.type == "cuda" and choice.entry is None
+            and "num_warps" not in options and "workers_per_sm" not in options):
+        from scheduler.ops import default_layout
+
+        from .backends import default_workers
+        warps, per_sm = default_layout(mk.config, mk.batch_size, default_workers(dev),
+                                       bf16=mk.weights.dtype == torch.bfloat16, tp=mk.tp,
+                                       fp8=mk.weights.quantization == "fp8")
+        if warps != 4:
+            options.update(num_warps=warps, workers_per_sm=per_sm)
+    return options
 
 
 def _as_prompts(input_ids, batch_size: int) -> list[torch.Tensor]:
@@ -218,10 +240,7 @@ class MegaQwen3:
         from . import plans
         self.plan_choice = plans.choose(plan, dev, self.config, dt, batch_size, max_seq_len, backend, model.name,
                                         tp=self.tp, quant=plans.quant_name(model.weights.quantization, self.w8a8))
-        options = {**self.plan_choice.options(), **backend_options}
-        if self.plan_choice.entry is not None and backend_options.get("plan_overrides"):
-            options["plan_overrides"] = {**self.plan_choice.entry.fields, **backend_options["plan_overrides"]}
-        self.backend = _make_backend(backend, self, **options)
+        self.backend = _make_backend(backend, self, **_backend_options(self, backend, self.plan_choice, backend_options))
         # batch buckets (``step_slots``): smaller batches that step the first slots of this cache
         self.buckets = check_buckets(buckets, batch_size, self.tp)
         self.bucket = batch_size       # the batch the last step_slots ran
@@ -737,10 +756,8 @@ class SlotView:
         self.plan_choice = plans.choose("auto" if plan == "tuned" else plan, self.weights.device, self.config,
                                         self.weights.dtype, n, self.max_seq_len, self.backend_name, mk.model.name,
                                         tp=self.tp, quant=plans.quant_name(self.weights.quantization, self.w8a8))
-        options = {**self.plan_choice.options(), **backend_options}
-        if self.plan_choice.entry is not None and backend_options.get("plan_overrides"):
-            options["plan_overrides"] = {**self.plan_choice.entry.fields, **backend_options["plan_overrides"]}
-        self.backend = _make_backend(self.backend_name, self, **options)
+        self.backend = _make_backend(self.backend_name, self, **_backend_options(self, self.backend_name,
+                                                                                 self.plan_choice, backend_options))
 
     def sampled_slots(self) -> list[int]:
         return [b for b in self._mk.sampled_slots() if b < self.batch_size]

@@ -32,7 +32,7 @@ import torch
 
 from scheduler.graph import build_tape
 from scheduler.ops import (BATCH_INPUTS, BATCH_MAX_ROWS, BATCH_MIN_ROWS, MAX_BK, MAX_POOL_CLAIMS, POOL_DIV, POOL_FIELDS,
-                           SWAP_SMEM_BASE, TILE_ELEMS, WORKERS_PER_SM, Op, Plan, next_pow2)
+                           SWAP_SMEM_BASE, TILE_ELEMS, WORKERS_PER_SM, Op, Plan, default_layout, next_pow2)
 from scheduler.validate import TapeError, validate
 
 from . import cli
@@ -219,9 +219,9 @@ def moves(base: Plan, cand: Candidate, workers: int, cuda: bool) -> list[Candida
         out.append((None, cand.strategy, other))      # the rules' plan at that worker count
     if cuda and p.BATCHED == 2:
         # the other layout: one worker of 8 warps an SM with its whole shared memory (224 KB of
-        # pipeline), or back to the default (0.6b batch 32 on an H200: 1.437 -> 1.328 ms; 8b +1.9%)
+        # pipeline, rule whole-sm-pipeline), or two of 4 (0.6b batch 32 on an H200: 1.437 -> 1.328 ms; 8b +1.9%)
         if cand.num_warps == 4:
-            layouts.append(Candidate((("SWAP_SMEM", 224),), cand.strategy, 1, 8))
+            layouts.append(Candidate((), cand.strategy, 1, 8))
         else:
             layouts.append(Candidate((), cand.strategy, None))
     add(p, strategy="round-robin" if cand.strategy == "balanced" else "balanced")
@@ -321,6 +321,10 @@ class Tuner:
         self.mk.backend_name = "megakernel"
         self.cuda = dev.type == "cuda"
         self.sms = default_workers(dev) if self.cuda else 0
+        # the rules' plan in the rules' layout of workers (``scheduler.ops.default_layout``), as a run takes it
+        warps, per_sm = (default_layout(model.config, batch_size, self.sms, bf16=model.dtype == torch.bfloat16,
+                                        fp8=model.weights.quantization == "fp8") if self.cuda else (4, None))
+        self.rules = Candidate((), "balanced", per_sm, warps) if warps != 4 else Candidate()
         self.timer, self.clock = timer, clock
         self.log = log or (lambda msg: None)
         P = max(1, min(prompt_len, max_seq_len - self.steps - 1))
@@ -403,7 +407,7 @@ class Tuner:
         against the rules' plan, alternating. Ctrl-C ends it with what was measured."""
         start = self.clock()
         deadline = start + budget_s
-        rules = Candidate()
+        rules = self.rules
         durations: list[float] = []
         interrupted = False
         best = None

@@ -36,6 +36,10 @@ from .kinds import KINDS, Op, cdiv as _cdiv, kind
 WORDS = 8
 # Worker programs a GPU runs on each SM by default: two, so one's loads overlap the other's waits
 WORKERS_PER_SM = 2
+# From this batch a model whose layers are short at one worker an SM runs one worker of 8 warps an SM
+# (``default_layout``): H200, 0.6b batch 32 1.380 -> 1.242 ms, 64 1.916 -> 1.810; at 8b it lost
+# (batch 32 +1.9%), and at 0.6b batch 16 (mma.sync, the tile called) it was not timed with today's rules
+WHOLE_SM_MIN_BATCH = 32
 # the pool word: claims counter in the low bits, claims a step above them
 POOL_SHIFT = 16
 # The persistent backend zeroes its int32 counters every this many steps, so a pool's claims a
@@ -391,6 +395,7 @@ class PlanInputs:
     nsplit_given: bool          # the caller fixed NSPLIT
     short: bool                 # a layer's bf16 weights are under ATTN_NEW_MAX_BYTES a worker
     bf16: bool = False          # bf16 weights (not FP8): the batched tile may round its input to bf16
+    num_warps: int = 4          # warps a worker
 
     def rows(self, N: int, K: int, workers: int | None = None, cap: int = 64) -> int:
         return _rows(N, K, self.workers if workers is None else workers, cap, self.max_bk, self.elems)
@@ -486,6 +491,12 @@ PLAN_RULES: tuple[Rule, ...] = (
          lambda x, p: p.BATCHED == 2 and x.B > 32,
          lambda x, p: dict(SWAP_SMEM=112),
          "from batch 33: 112 KB of pipeline a worker, so gate/up's chunks stay 128 columns wide (64 in 80 KB)"),
+    # H200, with one worker of 8 warps an SM (``default_layout``): 0.6b batch 32 1.380 -> 1.242 ms, 64
+    # 1.916 -> 1.810 against two workers of 4 warps with 80 and 112 KB
+    Rule("whole-sm-pipeline",
+         lambda x, p: p.BATCHED == 2 and x.num_warps >= 8,
+         lambda x, p: dict(SWAP_SMEM=224),
+         "one worker of 8 warps an SM: its whole shared memory (224 KB) for the pipeline"),
     Rule("bf16-input",
          lambda x, p: x.bf16 and p.BATCHED == 2,
          lambda x, p: dict(BATCH_INPUT=BATCH_INPUTS["bf16"]),
@@ -566,7 +577,8 @@ def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit:
     if not 1 <= batch_size <= MAX_BATCH:
         raise ValueError(f"batch size {batch_size} is outside what the kernels run: 1 to {MAX_BATCH}")
     x = PlanInputs(cfg, batch_size, max_seq_len, workers, max_bk, TILE_ELEMS * num_warps // 4, nsplit is not None,
-                   short=cfg.layer_matrix_params * 2 < ATTN_NEW_MAX_BYTES * workers, bf16=bf16_inputs and not fp8 and tp == 1)
+                   short=cfg.layer_matrix_params * 2 < ATTN_NEW_MAX_BYTES * workers, bf16=bf16_inputs and not fp8 and tp == 1,
+                   num_warps=num_warps)
     plan = _base_plan(x, nsplit, lm_rows)
     fired = []
     for rule in PLAN_RULES:
@@ -617,6 +629,19 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
     plan of FP8 projections (their bytes in ``cost``; the kernels read the format from the weights)."""
     return plan_and_rules(cfg, batch_size, max_seq_len, workers, nsplit, lm_rows, max_bk, num_warps, tp=tp,
                           fp8=fp8, w8a8=w8a8, tp_swap=tp_swap, bf16_inputs=bf16_inputs)[0]
+
+
+def default_layout(cfg, batch_size: int, sms: int, bf16: bool, tp: int = 1, fp8: bool = False) -> tuple[int, int]:
+    """(warps a worker, workers an SM) of the rules' plans on a GPU of ``sms`` SMs: two workers of 4
+    warps, so that one's loads overlap the other's waits; or, from batch ``WHOLE_SM_MIN_BATCH`` where
+    a layer's bf16 weights are short at one worker an SM (0.6b), one worker of 8 warps with the whole
+    SM's shared memory for the weights-on-M tile's pipeline (rule ``whole-sm-pipeline``): its stages
+    are a chunk or two a worker, so bytes in flight, not the second worker's overlap, set their pace.
+    Timed with bf16 weights at TP 1 only."""
+    short = cfg.layer_matrix_params * 2 < ATTN_NEW_MAX_BYTES * sms
+    if short and batch_size >= WHOLE_SM_MIN_BATCH and bf16 and not fp8 and tp == 1:
+        return 8, 1
+    return 4, WORKERS_PER_SM
 
 
 def short_b1_mlp(plan: Plan, workers: int) -> bool:

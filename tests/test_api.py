@@ -113,3 +113,36 @@ def test_usage_library_example_runs_as_written(tmp_path, monkeypatch, capsys):
     exec(compile(code, "docs/usage.md", "exec"), {})     # its own assert compares the loop with generate
     printed = capsys.readouterr().out
     assert re.search(r"tensor\(\[\[", printed), printed
+
+
+def test_the_rules_layout_of_workers_goes_to_every_kernel_backend(monkeypatch):
+    """On a GPU with the rules' plan, 0.6b from batch 32 runs one worker of 8 warps an SM
+    (``scheduler.ops.default_layout``), and every kernel backend gets that layout, so they plan alike;
+    options given, or a tuned plan's own layout, win; batch 16, the reference and the CPU keep theirs."""
+    from types import SimpleNamespace
+
+    from megakernel import backends
+    from megakernel.plans import Choice, Entry, Key
+    from megakernel.runtime import KERNEL_BACKENDS, _backend_options
+    from models.qwen3.config import PRESETS
+
+    monkeypatch.setattr(backends, "default_workers", lambda dev: 132)
+
+    def view(batch, device="cuda"):
+        w = SimpleNamespace(device=torch.device(device), dtype=torch.bfloat16, quantization=None)
+        return SimpleNamespace(weights=w, config=PRESETS["0.6b"], batch_size=batch, tp=1)
+
+    rules = Choice("rules")
+    for name in KERNEL_BACKENDS:
+        assert _backend_options(view(64), name, rules, {}) == {"num_warps": 8, "workers_per_sm": 1}
+    assert _backend_options(view(32), "megakernel", rules, {"num_workers": 132}) == \
+        {"num_workers": 132, "num_warps": 8, "workers_per_sm": 1}
+    assert _backend_options(view(64), "megakernel", rules, {"num_warps": 4}) == {"num_warps": 4}
+    assert _backend_options(view(16), "megakernel", rules, {}) == {}
+    assert _backend_options(view(64), "reference", rules, {}) == {}
+    assert _backend_options(view(64, "cpu"), "megakernel", rules, {}) == {}
+    entry = Entry(key=Key.of("cpu", PRESETS["0.6b"], torch.bfloat16, 64, 512), fields={"R_LM": 128},
+                  strategy="balanced", workers_per_sm=2, tuned_at="2026-11-29T00:00:00+00:00", rules_ms=1.0,
+                  tuned_ms=0.9, max_seq_len=512)
+    assert _backend_options(view(64), "megakernel", Choice("tuned", entry), {}) == \
+        {"plan_overrides": {"R_LM": 128}, "strategy": "balanced", "workers_per_sm": 2}

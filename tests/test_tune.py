@@ -272,11 +272,11 @@ def test_every_move_is_checked_or_named():
         # and its pipeline's shared memory, 80 KB against 112, and the layout of one worker of 8
         # warps an SM with 224 KB of pipeline (and from there back to the default)
         assert any(c.overrides.get("SWAP_SMEM") == 112 for c in cands) == (base.BATCHED == 2)
-        eight = Candidate((("SWAP_SMEM", 224),), "balanced", 1, 8)
+        eight = Candidate((), "balanced", 1, 8)     # (its 224 KB are the rules' at 8 warps)
         assert (eight in cands) == (base.BATCHED == 2)
         if base.BATCHED == 2:
-            assert eight.options() == {"plan_overrides": {"SWAP_SMEM": 224}, "strategy": "balanced",
-                                       "workers_per_sm": 1, "num_warps": 8}
+            assert eight.options() == {"plan_overrides": {}, "strategy": "balanced", "workers_per_sm": 1,
+                                       "num_warps": 8}
             back = moves(make_plan(shapes_for(name), B, 4096, 132, num_warps=8), eight, 132, cuda=True)
             assert Candidate() in back and all(c.num_warps == 8 for c in back if c != Candidate())
     # w8a8's e4m3 input is the checkpoint's scheme: its plans move everything but that
