@@ -18,7 +18,7 @@ import torch
 from instructions import common as k_common
 from instructions.registry import DEVICE_KINDS
 from scheduler.graph import Tape, build_tape, build_stages, encode
-from scheduler.ops import COUNTER_RESET_STEPS, MAX_BK, WORKERS_PER_SM, Op, Plan, make_plan
+from scheduler.ops import COUNTER_RESET_STEPS, MAX_BK, WORKERS_PER_SM, Op, Plan, default_layout, make_plan
 
 from . import device as devices
 # HOT_CHUNK, MAX_STEPS_PER_LAUNCH and hot_buffers stay importable from here (bench and tests use them)
@@ -52,6 +52,14 @@ def default_workers(device: torch.device) -> int:
     if device.type == "npu":
         return devices.npu_vector_cores(device)
     return 1    # the interpreter runs programs one after another: one worker runs the whole tape
+
+
+def rules_layout(mk) -> tuple[int, int]:
+    """(warps a worker, workers an SM) of ``mk``'s rules' plan on its CUDA GPU
+    (``scheduler.ops.default_layout``)."""
+    w = mk.weights
+    return default_layout(mk.config, mk.batch_size, default_workers(w.device), bf16=w.dtype == torch.bfloat16,
+                          tp=getattr(mk, "tp", 1), fp8=w.quantization == "fp8")
 
 
 def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = None, num_warps: int = 4,

@@ -250,20 +250,19 @@ def check_args(args):
             raise UsageError(f"--option {bad[0]}: not a backend option (one of {', '.join(sorted(known))})")
 
 
-HOPPER_SMS = 132    # an H100's or H200's
-
-
 def _layout(args):
-    """--workers and --num-warps where not given: the rules' layout on a GPU of ``HOPPER_SMS`` SMs
-    (``scheduler.ops.default_layout``), as a run with the rules' plan takes it."""
+    """--workers and --num-warps where not given: the rules' layout on a GPU of an H100's (and
+    H200's) SMs (``scheduler.ops.default_layout``), as a run with the rules' plan takes it."""
     from models.qwen3.weights import shapes_for
     from scheduler.ops import WORKERS_PER_SM, default_layout
+
+    from .tape import H100_SMS
     warps, per_sm = 4, WORKERS_PER_SM
     if args.num_warps is None and args.workers is None:
-        warps, per_sm = default_layout(shapes_for(args.model), args.batch_size, HOPPER_SMS,
+        warps, per_sm = default_layout(shapes_for(args.model), args.batch_size, H100_SMS,
                                        bf16=args.dtype == "bfloat16", tp=args.tp, fp8=args.quantize == "fp8")
     args.num_warps = args.num_warps or warps
-    args.workers = args.workers or HOPPER_SMS * per_sm
+    args.workers = args.workers or H100_SMS * per_sm
 
 
 def main(argv=None):

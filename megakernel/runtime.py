@@ -115,15 +115,10 @@ def _backend_options(mk, backend: str, choice, backend_options: dict) -> dict:
     options = {**choice.options(), **backend_options}
     if choice.entry is not None and backend_options.get("plan_overrides"):
         options["plan_overrides"] = {**choice.entry.fields, **backend_options["plan_overrides"]}
-    dev = mk.weights.device
-    if (backend in KERNEL_BACKENDS and dev.type == "cuda" and choice.entry is None
+    if (backend in KERNEL_BACKENDS and mk.weights.device.type == "cuda" and choice.entry is None
             and "num_warps" not in options and "workers_per_sm" not in options):
-        from scheduler.ops import default_layout
-
-        from .backends import default_workers
-        warps, per_sm = default_layout(mk.config, mk.batch_size, default_workers(dev),
-                                       bf16=mk.weights.dtype == torch.bfloat16, tp=mk.tp,
-                                       fp8=mk.weights.quantization == "fp8")
+        from .backends import rules_layout
+        warps, per_sm = rules_layout(mk)
         if warps != 4:
             options.update(num_warps=warps, workers_per_sm=per_sm)
     return options

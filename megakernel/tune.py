@@ -32,7 +32,7 @@ import torch
 
 from scheduler.graph import build_tape
 from scheduler.ops import (BATCH_INPUTS, BATCH_MAX_ROWS, BATCH_MIN_ROWS, MAX_BK, MAX_POOL_CLAIMS, POOL_DIV, POOL_FIELDS,
-                           SWAP_SMEM_BASE, TILE_ELEMS, WORKERS_PER_SM, Op, Plan, default_layout, next_pow2)
+                           SWAP_SMEM_BASE, TILE_ELEMS, WORKERS_PER_SM, Op, Plan, next_pow2)
 from scheduler.validate import TapeError, validate
 
 from . import cli
@@ -303,7 +303,7 @@ class Tuner:
     def __init__(self, model, batch_size: int, max_seq_len: int, prompt_len: int = 128, steps: int | None = None,
                  reps: int | None = None, timer: Callable = _default_timer, clock: Callable[[], float] = time.monotonic,
                  log: Callable[[str], None] | None = None, seed: int = 0, fp8_activations: str | None = None):
-        from .backends import default_workers
+        from .backends import default_workers, rules_layout
         from .runtime import MegaQwen3
         dev = model.device
         if dev.type not in ("cuda", "cpu"):
@@ -322,8 +322,7 @@ class Tuner:
         self.cuda = dev.type == "cuda"
         self.sms = default_workers(dev) if self.cuda else 0
         # the rules' plan in the rules' layout of workers (``scheduler.ops.default_layout``), as a run takes it
-        warps, per_sm = (default_layout(model.config, batch_size, self.sms, bf16=model.dtype == torch.bfloat16,
-                                        fp8=model.weights.quantization == "fp8") if self.cuda else (4, None))
+        warps, per_sm = rules_layout(self.mk) if self.cuda else (4, None)
         self.rules = Candidate((), "balanced", per_sm, warps) if warps != 4 else Candidate()
         self.timer, self.clock = timer, clock
         self.log = log or (lambda msg: None)

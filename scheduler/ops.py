@@ -577,8 +577,7 @@ def plan_and_rules(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit:
     if not 1 <= batch_size <= MAX_BATCH:
         raise ValueError(f"batch size {batch_size} is outside what the kernels run: 1 to {MAX_BATCH}")
     x = PlanInputs(cfg, batch_size, max_seq_len, workers, max_bk, TILE_ELEMS * num_warps // 4, nsplit is not None,
-                   short=cfg.layer_matrix_params * 2 < ATTN_NEW_MAX_BYTES * workers, bf16=bf16_inputs and not fp8 and tp == 1,
-                   num_warps=num_warps)
+                   short=short_layers(cfg, workers), bf16=bf16_inputs and not fp8 and tp == 1, num_warps=num_warps)
     plan = _base_plan(x, nsplit, lm_rows)
     fired = []
     for rule in PLAN_RULES:
@@ -631,6 +630,11 @@ def make_plan(cfg, batch_size: int, max_seq_len: int, workers: int, nsplit: int 
                           fp8=fp8, w8a8=w8a8, tp_swap=tp_swap, bf16_inputs=bf16_inputs)[0]
 
 
+def short_layers(cfg, workers: int) -> bool:
+    """Whether a layer's bf16 weights are under ATTN_NEW_MAX_BYTES a worker (``PlanInputs.short``)."""
+    return cfg.layer_matrix_params * 2 < ATTN_NEW_MAX_BYTES * workers
+
+
 def default_layout(cfg, batch_size: int, sms: int, bf16: bool, tp: int = 1, fp8: bool = False) -> tuple[int, int]:
     """(warps a worker, workers an SM) of the rules' plans on a GPU of ``sms`` SMs: two workers of 4
     warps, so that one's loads overlap the other's waits; or, from batch ``WHOLE_SM_MIN_BATCH`` where
@@ -638,8 +642,7 @@ def default_layout(cfg, batch_size: int, sms: int, bf16: bool, tp: int = 1, fp8:
     SM's shared memory for the weights-on-M tile's pipeline (rule ``whole-sm-pipeline``): its stages
     are a chunk or two a worker, so bytes in flight, not the second worker's overlap, set their pace.
     Timed with bf16 weights at TP 1 only."""
-    short = cfg.layer_matrix_params * 2 < ATTN_NEW_MAX_BYTES * sms
-    if short and batch_size >= WHOLE_SM_MIN_BATCH and bf16 and not fp8 and tp == 1:
+    if short_layers(cfg, sms) and batch_size >= WHOLE_SM_MIN_BATCH and bf16 and not fp8 and tp == 1:
         return 8, 1
     return 4, WORKERS_PER_SM
 
