@@ -56,6 +56,19 @@ T_SM: tl.constexpr = tl.constexpr(6)         # not a time: the SM the worker run
 
 
 @triton.jit
+def warp_uniform(x, ON: tl.constexpr):
+    """The int32 scalar x (the same in every thread) with ON made warp-uniform for ptxas: redux.sync's
+    result lands in a uniform register, so what is derived from x (a tile's loop bounds, its pipeline
+    slots, the wgmma descriptors) stays in the uniform datapath. A value loaded from memory never
+    does: ptxas cannot prove it the same across the warp. Every thread of the warp must reach it."""
+    if ON:
+        return tl.inline_asm_elementwise("redux.sync.min.s32 $0, $1, 0xffffffff;", "=r,r", [x], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    else:
+        return x
+
+
+@triton.jit
 def sm_id():
     """The SM this program runs on (``%smid``; NVIDIA only, for the trace)."""
     return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)

@@ -153,7 +153,8 @@ class PersistentBackend:
     def __init__(self, mk, mode: str = "megakernel", num_workers: int | None = None,
                  strategy: str = "balanced", spin: int | None = None, num_warps: int = 4, trace: int = 0,
                  workers_per_sm: int = WORKERS_PER_SM, max_bk: int = MAX_BK, plan_overrides: dict | None = None,
-                 prefetch_tape: bool | None = None, tp_swap: bool = True, maxnreg: int | None = None):
+                 prefetch_tape: bool | None = None, tp_swap: bool = True, maxnreg: int | None = None,
+                 uniform_tape: bool | None = None):
         _check_kernel_device(mk, mode)
         # a cap on the registers a thread (ptxas' maxnreg), so that more workers fit an SM
         if maxnreg is not None and not 1 <= maxnreg <= 255:
@@ -162,6 +163,12 @@ class PersistentBackend:
         self.tp_swap = bool(tp_swap)      # tile_plan's: False puts TP batches on the batch-on-M tile
         # triton-ascend cannot lower the vector tape fetch (tests/npu_lowering.py): scalar there
         self.prefetch_tape = prefetch_tape if prefetch_tape is not None else mk.weights.device.type != "npu"
+        # the tape's words made warp-uniform (``warp_uniform``: PTX's redux.sync, so not on the
+        # interpreter or triton-ascend; meta tensors are compile_check's CUDA compiles)
+        dev_type = mk.weights.device.type
+        self.uniform_tape = uniform_tape if uniform_tape is not None else dev_type not in ("cpu", "npu")
+        if self.uniform_tape and dev_type in ("cpu", "npu"):
+            raise ValueError(f"uniform_tape=True needs CUDA (PTX's redux.sync), not {dev_type}")
         self.plan_overrides = plan_overrides or {}
         from .kernel import megakernel
         self.kernel = megakernel
@@ -289,7 +296,7 @@ class PersistentBackend:
         return self._launch_entry(steps).kwargs
 
     def _launch_entry(self, steps: int) -> "_Launch":
-        key = (steps, self.spin, self.trace, self.prefetch_tape, self.sm_pairs, self.words.shape[1], self.num_warps)
+        key = (steps, self.spin, self.trace, self.prefetch_tape, self.uniform_tape, self.sm_pairs, self.words.shape[1], self.num_warps)
         entry = self._launch_args.get(key)
         if entry is None or entry.plan is not self.plan or entry.st is not self.st:   # a rebuild, another variant
             entry = self._launch_args[key] = _Launch(self.plan, self.st, self._make_launch_args(steps))
@@ -297,7 +304,7 @@ class PersistentBackend:
 
     def _make_launch_args(self, steps: int) -> dict:
         consts = dict(self.plan.constexprs(), SPIN=self.spin, TRACE=self.trace, PREFETCH_TAPE=self.prefetch_tape,
-                      SM_PAIRS=self.sm_pairs)
+                      SM_PAIRS=self.sm_pairs, UNIFORM_TAPE=self.uniform_tape)
         kwargs = kernel_args(self.kernel, self.st, consts, max_len=self.words.shape[1], steps=steps,
                              argmax_c=self.argmax_c, argmax_n=self.argmax_n)
         kwargs["num_warps"] = self.num_warps

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -120,9 +121,10 @@ def compile_all(model_name="0.6b", workers=264, batch=1, max_seq_len=4096, arch=
             with backends.triton_mma(plan):
                 k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=target, options=opts)
             meta = k.metadata
-            regs, stack, spill_ld, spill_st = _resources(k)
+            regs, stack, spill_ld, spill_st, r2ur = _resources(k)
             row.update(ok=True, shared=meta.shared, num_warps=meta.num_warps, n_regs=regs, stack_bytes=stack,
-                       spill_loads=spill_ld, spill_stores=spill_st,
+                       spill_loads=spill_ld, spill_stores=spill_st, r2ur=r2ur,
+                       redux=len(re.findall(r"redux\.sync", k.asm.get("ptx", ""))),
                        **_mma_kinds(k.asm.get("ttgir", "")))
         except Exception as e:
             lines = [l for l in str(e).splitlines() if l.strip()]
@@ -141,18 +143,17 @@ def _mma_kinds(ttgir: str) -> dict:
     the older warp-level MMA (``tt.dot`` on an ``nvidia_mma`` layout); ``tma`` the loads made TMA
     copies into shared memory (the plan's SWAP_TMA); ``calls`` the calls of functions not inlined (the
     sampling tiles, the weights-on-M tile with SWAP_CALL, attention's with ATTN_CALL)."""
-    import re
     return {"wgmma": len(re.findall(r"ttng\.warp_group_dot ", ttgir)), "mma_sync": len(re.findall(r"= tt\.dot ", ttgir)),
             "tma": len(re.findall(r"ttng\.async_tma_copy_global_to_local ", ttgir)),
             "calls": len(re.findall(r"tt\.call @", ttgir))}
 
 
 def _resources(k):
-    """(registers per thread, stack bytes, spill loads, spill stores) from the cubin, through the
-    cuobjdump that Triton ships: the stack is a frame's size, the spills (the SASS's LDL and STL,
-    counted where they stand in the code) say how much of it the code goes back to. Nones where it
-    cannot be read."""
-    import re
+    """(registers per thread, stack bytes, spill loads, spill stores, R2URs) from the cubin, through
+    the cuobjdump that Triton ships: the stack is a frame's size, the spills (the SASS's LDL and STL,
+    counted where they stand in the code) say how much of it the code goes back to; an R2UR moves a
+    value ptxas could not prove warp-uniform into a uniform register (a wgmma descriptor built in
+    vector registers: the persistent kernel's ``uniform_tape``). Nones where it cannot be read."""
     import tempfile
 
     import triton
@@ -165,10 +166,10 @@ def _resources(k):
             sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
         regs = re.search(r"REG:(\d+)", out)
         stack = re.search(r"STACK:(\d+)", out)
-        spills = [len(re.findall(rf"\b{op}\b", sass)) if sass else None for op in ("LDL", "STL")]
-        return (int(regs.group(1)) if regs else None), (int(stack.group(1)) if stack else None), *spills
+        counts = [len(re.findall(rf"\b{op}\b", sass)) if sass else None for op in ("LDL", "STL", "R2UR")]
+        return (int(regs.group(1)) if regs else None), (int(stack.group(1)) if stack else None), *counts
     except Exception:
-        return None, None, None, None
+        return None, None, None, None, None
 
 
 def _assignments(items: list[str], flag: str) -> dict[str, int]:
@@ -287,7 +288,7 @@ def main(argv=None):
         for r in report:
             if r["ok"]:
                 print(f"{r['kernel']:<16} ok    warps {r['num_warps']}  shared {r['shared']}  regs {r['n_regs']}  "
-                      f"stack {r['stack_bytes']} (spill ld/st {r['spill_loads']}/{r['spill_stores']})  "
+                      f"stack {r['stack_bytes']} (spill ld/st {r['spill_loads']}/{r['spill_stores']})  R2UR {r['r2ur']}  "
                       f"dots: wgmma {r['wgmma']}, mma.sync {r['mma_sync']}  tma loads {r['tma']}  calls {r['calls']}")
             else:
                 print(f"{r['kernel']:<16} FAIL  {r['error']}")

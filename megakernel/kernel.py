@@ -36,7 +36,7 @@ counter after their own; the claims of step s are those past ``pool_claims * epo
 import triton
 import triton.language as tl
 
-from instructions.common import BT_SWAP, RELAXED, RELEASE, T_SM, TRACE_SLOTS, sm_id, wait_counter
+from instructions.common import BT_SWAP, RELAXED, RELEASE, T_SM, TRACE_SLOTS, sm_id, wait_counter, warp_uniform
 from instructions.attention import attn_tile_called     # the plan's ATTN_CALL
 from instructions.registry import DEVICE_KINDS
 from instructions.matvec import next_norm
@@ -151,9 +151,10 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                SAMPLE_CHUNK: tl.constexpr,
                KV_B: tl.constexpr, SWAP_TMA: tl.constexpr, SWAP_MIN_N: tl.constexpr, MMA_V3: tl.constexpr,
                SWAP_CALL: tl.constexpr, SWAP_PRE: tl.constexpr, SWAP_SMEM: tl.constexpr, ATTN_CALL: tl.constexpr,
-               SPIN: tl.constexpr, TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr, SM_PAIRS: tl.constexpr):
+               SPIN: tl.constexpr, TRACE: tl.constexpr, PREFETCH_TAPE: tl.constexpr, SM_PAIRS: tl.constexpr,
+               UNIFORM_TAPE: tl.constexpr):
     pid = tl.program_id(0)
-    epoch = tl.load(epoch_ptr + pid)
+    epoch = warp_uniform(tl.load(epoch_ptr + pid), UNIFORM_TAPE)
     QKV_N: tl.constexpr = (HQ + 2 * HKV) * D
     # REDUCE writes xs and xss under TP on the weights-on-M tile (the other plans' REDUCE is as it was)
     XS_AR: tl.constexpr = TP > 1 and BT >= BT_SWAP
@@ -162,7 +163,7 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
     if SM_PAIRS > 0:
         me, bad = _paired_row(pid, pairs_ptr, err_ptr, SM_PAIRS, SPIN)
         failed = failed | bad
-    n = tl.load(tape_len_ptr + me)
+    n = warp_uniform(tl.load(tape_len_ptr + me), UNIFORM_TAPE)
     ar = tl.arange(0, WORDS)
     row = tape_ptr + me * max_len * WORDS
     for s in range(steps):    # step s of the launch: this program's list of the tape, once
@@ -180,24 +181,24 @@ def megakernel(tape_ptr, tape_len_ptr, counters_ptr, epoch_ptr, err_ptr, trace_p
                 cur = nxt
                 # fetch the next instruction now: its load overlaps this one's work
                 nxt = tl.load(row + (i + 1) * WORDS + ar, mask=(i + 1) * WORDS + ar < max_len * WORDS, other=0)
-                op = tl.sum(tl.where(ar == 0, cur, 0), axis=0)
-                layer = tl.sum(tl.where(ar == 1, cur, 0), axis=0)
-                t0 = tl.sum(tl.where(ar == 2, cur, 0), axis=0)
-                t1 = tl.sum(tl.where(ar == 3, cur, 0), axis=0)
-                wc = tl.sum(tl.where(ar == 4, cur, 0), axis=0)
-                target = tl.sum(tl.where(ar == 5, cur, 0), axis=0) * (epoch + 1)
-                sc = tl.sum(tl.where(ar == 6, cur, 0), axis=0)
-                pw = tl.sum(tl.where(ar == 7, cur, 0), axis=0)
+                op = warp_uniform(tl.sum(tl.where(ar == 0, cur, 0), axis=0), UNIFORM_TAPE)
+                layer = warp_uniform(tl.sum(tl.where(ar == 1, cur, 0), axis=0), UNIFORM_TAPE)
+                t0 = warp_uniform(tl.sum(tl.where(ar == 2, cur, 0), axis=0), UNIFORM_TAPE)
+                t1 = warp_uniform(tl.sum(tl.where(ar == 3, cur, 0), axis=0), UNIFORM_TAPE)
+                wc = warp_uniform(tl.sum(tl.where(ar == 4, cur, 0), axis=0), UNIFORM_TAPE)
+                target = warp_uniform(tl.sum(tl.where(ar == 5, cur, 0), axis=0), UNIFORM_TAPE) * (epoch + 1)
+                sc = warp_uniform(tl.sum(tl.where(ar == 6, cur, 0), axis=0), UNIFORM_TAPE)
+                pw = warp_uniform(tl.sum(tl.where(ar == 7, cur, 0), axis=0), UNIFORM_TAPE)
             else:
                 # scalar fetch: triton-ascend's adapter cannot lower the loop-carried row above
-                op = tl.load(row + i * WORDS)
-                layer = tl.load(row + i * WORDS + 1)
-                t0 = tl.load(row + i * WORDS + 2)
-                t1 = tl.load(row + i * WORDS + 3)
-                wc = tl.load(row + i * WORDS + 4)
-                target = tl.load(row + i * WORDS + 5) * (epoch + 1)
-                sc = tl.load(row + i * WORDS + 6)
-                pw = tl.load(row + i * WORDS + 7)
+                op = warp_uniform(tl.load(row + i * WORDS), UNIFORM_TAPE)
+                layer = warp_uniform(tl.load(row + i * WORDS + 1), UNIFORM_TAPE)
+                t0 = warp_uniform(tl.load(row + i * WORDS + 2), UNIFORM_TAPE)
+                t1 = warp_uniform(tl.load(row + i * WORDS + 3), UNIFORM_TAPE)
+                wc = warp_uniform(tl.load(row + i * WORDS + 4), UNIFORM_TAPE)
+                target = warp_uniform(tl.load(row + i * WORDS + 5), UNIFORM_TAPE) * (epoch + 1)
+                sc = warp_uniform(tl.load(row + i * WORDS + 6), UNIFORM_TAPE)
+                pw = warp_uniform(tl.load(row + i * WORDS + 7), UNIFORM_TAPE)
             cnt = counters_ptr + wc
             # a pooled stage's claims counter, and the claims of this program's earlier steps
             claims = counters_ptr + (pw & POOL_MASK)

@@ -46,7 +46,8 @@ def lower_all(arch: str, model: str, workers: int, max_seq_len: int) -> dict[str
 
     backend = AscendBackend(GPUTarget("npu", arch, 0))
     out: dict[str, dict] = {}
-    for fn, kwargs, _ in record_launches(model, workers, 1, max_seq_len, torch.bfloat16, prefetch_tape=False):
+    for fn, kwargs, _ in record_launches(model, workers, 1, max_seq_len, torch.bfloat16, prefetch_tape=False,
+                                        uniform_tape=False):
         params = kernel_params(fn)
         consts = {name: kwargs[name] for name, const in params if const}
         sig = {name: ("constexpr" if const else _type(kwargs[name])) for name, const in params}

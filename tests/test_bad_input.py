@@ -196,6 +196,12 @@ def test_register_cap_outside_what_ptxas_allots(tiny_model, maxnreg):
         MegaQwen3(tiny_model, backend="megakernel", max_seq_len=16, maxnreg=maxnreg)
 
 
+def test_uniform_tape_off_cuda(tiny_model):
+    # the warp-uniform tape is PTX (redux.sync): the interpreter has no such thing
+    with pytest.raises(ValueError, match="uniform_tape=True needs CUDA"):
+        MegaQwen3(tiny_model, backend="megakernel", max_seq_len=16, uniform_tape=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # CLI
 

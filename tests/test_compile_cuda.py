@@ -52,6 +52,9 @@ def test_all_kernels_compile_for_sm90(batch, fp8, fields):
     if fields.get("SAMPLE"):
         assert {"sstats_kernel", "spick_kernel", "sample_kernel"} <= names
     rows = {row["kernel"]: row for row in report}
+    # the persistent kernel takes the tape's words warp-uniform (``uniform_tape``, on by default for
+    # CUDA): a redux.sync for each of an instruction's eight words
+    assert rows["megakernel"]["redux"] >= 8, rows["megakernel"]
     gemv = ("qkv_kernel", "oproj_kernel", "gateup_kernel", "down_kernel", "lmhead_kernel")
     if batch == 16:
         # the rules' batch 16 (``mma-sync-to-16``): no wgmma in any kernel

@@ -76,7 +76,7 @@ def test_megakernel_parameters_are_the_spec():
     assert set().union(*(set(k.reads) | set(k.writes) for k in DEVICE_KINDS.values())) <= ptrs
     assert ptrs == set(BY_NAME), f"spec buffers the kernel does not take: {set(BY_NAME) - ptrs}"
     plan = make_plan(PRESETS["8b"], 2, 392, 16)
-    options = {"SPIN", "TRACE", "PREFETCH_TAPE", "SM_PAIRS"}
+    options = {"SPIN", "TRACE", "PREFETCH_TAPE", "SM_PAIRS", "UNIFORM_TAPE"}
     assert {n for n, c in params if c} == set(plan.constexprs()) | options
     assert {n for n, c in params if not c and not n.endswith("_ptr")} == {"eps", "max_len", "steps", "argmax_c",
                                                                           "argmax_n"}
