@@ -111,15 +111,17 @@ def _make_backend(name: str, mk: "MegaQwen3", **options):
 def _backend_options(mk, backend: str, choice, backend_options: dict) -> dict:
     """A kernel backend's options: the tuned plan's where one is cached, then those given (a plan
     field given wins over the tuned one's); with the rules' plan on a GPU, the rules' layout of
-    workers (``scheduler.ops.default_layout``) unless warps or workers an SM are given."""
+    workers (``scheduler.ops.default_layout``) unless warps or workers an SM are given, or more
+    workers than that layout holds (those then run as they did before it: 4 warps, two an SM)."""
     options = {**choice.options(), **backend_options}
     if choice.entry is not None and backend_options.get("plan_overrides"):
         options["plan_overrides"] = {**choice.entry.fields, **backend_options["plan_overrides"]}
     if (backend in KERNEL_BACKENDS and mk.weights.device.type == "cuda" and choice.entry is None
             and "num_warps" not in options and "workers_per_sm" not in options):
-        from .backends import rules_layout
+        from .backends import default_workers, rules_layout
         warps, per_sm = rules_layout(mk)
-        if warps != 4:
+        workers = options.get("num_workers")
+        if warps != 4 and (workers is None or workers <= per_sm * default_workers(mk.weights.device)):
             options.update(num_warps=warps, workers_per_sm=per_sm)
     return options
 

@@ -118,7 +118,8 @@ def test_usage_library_example_runs_as_written(tmp_path, monkeypatch, capsys):
 def test_the_rules_layout_of_workers_goes_to_every_kernel_backend(monkeypatch):
     """On a GPU with the rules' plan, 0.6b from batch 32 runs one worker of 8 warps an SM
     (``scheduler.ops.default_layout``), and every kernel backend gets that layout, so they plan alike;
-    options given, or a tuned plan's own layout, win; batch 16, the reference and the CPU keep theirs."""
+    options given, or a tuned plan's own layout, win (more workers than it holds too); batch 16, the
+    reference and the CPU keep theirs."""
     from types import SimpleNamespace
 
     from megakernel import backends
@@ -138,6 +139,8 @@ def test_the_rules_layout_of_workers_goes_to_every_kernel_backend(monkeypatch):
     assert _backend_options(view(32), "megakernel", rules, {"num_workers": 132}) == \
         {"num_workers": 132, "num_warps": 8, "workers_per_sm": 1}
     assert _backend_options(view(64), "megakernel", rules, {"num_warps": 4}) == {"num_warps": 4}
+    # more workers than one an SM: the layout before it (4 warps, two an SM), which holds them
+    assert _backend_options(view(64), "megakernel", rules, {"num_workers": 264}) == {"num_workers": 264}
     assert _backend_options(view(16), "megakernel", rules, {}) == {}
     assert _backend_options(view(64), "reference", rules, {}) == {}
     assert _backend_options(view(64, "cpu"), "megakernel", rules, {}) == {}

@@ -677,3 +677,29 @@ def _up(url: str) -> bool:
         return httpx.get(url + "/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_default_max_num_seqs_counts_what_torchs_allocator_holds_unused(monkeypatch):
+    """The server's default batch counts memory torch's allocator reserved and no tensor uses (the
+    load's freed buffers) as free, as the fit check does; where not even one sequence fits it says so."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from megakernel.serve import server
+    from models.qwen3.config import PRESETS
+    gib = 1024 ** 3
+    mem = {"free": 1 * gib, "unused": 20 * gib}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (mem["free"], 141 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 30 * gib + mem["unused"])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 30 * gib)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "GPU")
+    cfg = PRESETS["8b"]
+    model = SimpleNamespace(tp=1, device=torch.device("cuda", 0), config=cfg, dtype=torch.bfloat16)
+    per_seq = cfg.kv_bytes_per_position(2) * 4096      # 0.5625 GiB at 8b
+    want = int((21 * gib * server.KV_FREE_FRACTION - server.KV_RESERVE_BYTES) // per_seq)
+    assert 1 <= want < server.DEFAULT_MAX_NUM_SEQS
+    assert server.default_max_num_seqs(model, 4096) == want
+    mem.update(unused=0)
+    with pytest.raises(MemoryError, match="does not fit in the 1.0 GiB free on GPU"):
+        server.default_max_num_seqs(model, 4096)

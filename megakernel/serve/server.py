@@ -147,14 +147,17 @@ def sampling_defaults(folder: Path | None) -> dict:
 def default_max_num_seqs(model, max_seq_len: int) -> int:
     """Sequences whose KV cache at ``max_seq_len`` the GPU's free memory holds beside
     ``KV_RESERVE_BYTES`` (at most ``DEFAULT_MAX_NUM_SEQS``); ``CPU_MAX_NUM_SEQS`` off CUDA,
-    ``TP_MAX_NUM_SEQS`` with tensor parallelism. A MemoryError where not even one fits."""
+    ``TP_MAX_NUM_SEQS`` with tensor parallelism. A MemoryError where not even one fits. Free memory
+    counts what torch's allocator holds unused (``prefill.cuda_memory``, as the fit check does)."""
     import torch
+
+    from models.qwen3.prefill import cuda_memory
     if model.tp > 1:
         return TP_MAX_NUM_SEQS
     dev = model.device
     if dev.type != "cuda":
         return CPU_MAX_NUM_SEQS
-    free, _ = torch.cuda.mem_get_info(dev)
+    free, _ = cuda_memory(dev)
     per_seq = model.config.kv_bytes_per_position(model.dtype.itemsize) * max_seq_len
     fits = int((free * KV_FREE_FRACTION - KV_RESERVE_BYTES) // per_seq)
     if fits < 1:
