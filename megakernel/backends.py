@@ -163,12 +163,17 @@ class PersistentBackend:
         self.tp_swap = bool(tp_swap)      # tile_plan's: False puts TP batches on the batch-on-M tile
         # triton-ascend cannot lower the vector tape fetch (tests/npu_lowering.py): scalar there
         self.prefetch_tape = prefetch_tape if prefetch_tape is not None else mk.weights.device.type != "npu"
-        # the tape's words made warp-uniform (``warp_uniform``: PTX's redux.sync, so not on the
-        # interpreter or triton-ascend; meta tensors are compile_check's CUDA compiles)
-        dev_type = mk.weights.device.type
-        self.uniform_tape = uniform_tape if uniform_tape is not None else dev_type not in ("cpu", "npu")
-        if self.uniform_tape and dev_type in ("cpu", "npu"):
-            raise ValueError(f"uniform_tape=True needs CUDA (PTX's redux.sync), not {dev_type}")
+        # the tape's words made warp-uniform (``warp_uniform``: PTX's redux.sync, sm_80 and up, so not
+        # on the interpreter or triton-ascend; meta tensors are compile_check's CUDA compiles). On by
+        # default where it was timed, Hopper (docs/performance.md, "The tape's words warp-uniform")
+        dev = mk.weights.device
+        cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" else None
+        redux = dev.type == "meta" or (cap is not None and cap >= (8, 0))
+        timed = dev.type == "meta" or (cap is not None and cap >= (9, 0))
+        self.uniform_tape = timed if uniform_tape is None else bool(uniform_tape)
+        if self.uniform_tape and not redux:
+            raise ValueError(f"uniform_tape=True needs a CUDA GPU of compute capability 8.0 or above (PTX's "
+                             f"redux.sync), not {dev.type}")
         self.plan_overrides = plan_overrides or {}
         from .kernel import megakernel
         self.kernel = megakernel

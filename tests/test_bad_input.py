@@ -198,7 +198,7 @@ def test_register_cap_outside_what_ptxas_allots(tiny_model, maxnreg):
 
 def test_uniform_tape_off_cuda(tiny_model):
     # the warp-uniform tape is PTX (redux.sync): the interpreter has no such thing
-    with pytest.raises(ValueError, match="uniform_tape=True needs CUDA"):
+    with pytest.raises(ValueError, match="uniform_tape=True needs a CUDA GPU of compute capability 8.0"):
         MegaQwen3(tiny_model, backend="megakernel", max_seq_len=16, uniform_tape=True)
 
 
