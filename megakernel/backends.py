@@ -301,7 +301,8 @@ class PersistentBackend:
         return self._launch_entry(steps).kwargs
 
     def _launch_entry(self, steps: int) -> "_Launch":
-        key = (steps, self.spin, self.trace, self.prefetch_tape, self.uniform_tape, self.sm_pairs, self.words.shape[1], self.num_warps)
+        key = (steps, self.spin, self.trace, self.prefetch_tape, self.uniform_tape, self.sm_pairs, self.words.shape[1],
+               self.num_warps)
         entry = self._launch_args.get(key)
         if entry is None or entry.plan is not self.plan or entry.st is not self.st:   # a rebuild, another variant
             entry = self._launch_args[key] = _Launch(self.plan, self.st, self._make_launch_args(steps))
