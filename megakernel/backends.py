@@ -54,12 +54,12 @@ def default_workers(device: torch.device) -> int:
     return 1    # the interpreter runs programs one after another: one worker runs the whole tape
 
 
-def rules_layout(mk) -> tuple[int, int]:
-    """(warps a worker, workers an SM) of ``mk``'s rules' plan on its CUDA GPU
-    (``scheduler.ops.default_layout``)."""
+def rules_layout(mk, workers: int | None = None) -> tuple[int, int]:
+    """(warps a worker, workers an SM) of ``mk``'s rules' plan on its CUDA GPU, for ``workers``
+    workers where a count is asked for (``scheduler.ops.default_layout``)."""
     w = mk.weights
     return default_layout(mk.config, mk.batch_size, default_workers(w.device), bf16=w.dtype == torch.bfloat16,
-                          tp=getattr(mk, "tp", 1), fp8=w.quantization == "fp8")
+                          tp=getattr(mk, "tp", 1), fp8=w.quantization == "fp8", workers=workers)
 
 
 def tile_plan(mk, workers: int, max_bk: int = MAX_BK, overrides: dict | None = None, num_warps: int = 4,

@@ -118,10 +118,9 @@ def _backend_options(mk, backend: str, choice, backend_options: dict) -> dict:
         options["plan_overrides"] = {**choice.entry.fields, **backend_options["plan_overrides"]}
     if (backend in KERNEL_BACKENDS and mk.weights.device.type == "cuda" and choice.entry is None
             and "num_warps" not in options and "workers_per_sm" not in options):
-        from .backends import default_workers, rules_layout
-        warps, per_sm = rules_layout(mk)
-        workers = options.get("num_workers")
-        if warps != 4 and (workers is None or workers <= per_sm * default_workers(mk.weights.device)):
+        from .backends import rules_layout
+        warps, per_sm = rules_layout(mk, options.get("num_workers"))
+        if warps != 4:
             options.update(num_warps=warps, workers_per_sm=per_sm)
     return options
 

@@ -38,7 +38,7 @@ WORDS = 8
 WORKERS_PER_SM = 2
 # From this batch a model whose layers are short at one worker an SM runs one worker of 8 warps an SM
 # (``default_layout``): H200, 0.6b batch 32 1.380 -> 1.242 ms, 64 1.916 -> 1.810; at 8b it lost
-# (batch 32 +1.9%), and at 0.6b batch 16 (mma.sync, the tile called) it was not timed with today's rules
+# (batch 32 +1.9%), at 0.6b batch 16 (mma.sync, the tile called) it gained 0.7%, and at 8 it lost
 WHOLE_SM_MIN_BATCH = 32
 # the pool word: claims counter in the low bits, claims a step above them
 POOL_SHIFT = 16
@@ -635,14 +635,17 @@ def short_layers(cfg, workers: int) -> bool:
     return cfg.layer_matrix_params * 2 < ATTN_NEW_MAX_BYTES * workers
 
 
-def default_layout(cfg, batch_size: int, sms: int, bf16: bool, tp: int = 1, fp8: bool = False) -> tuple[int, int]:
+def default_layout(cfg, batch_size: int, sms: int, bf16: bool, tp: int = 1, fp8: bool = False,
+                   workers: int | None = None) -> tuple[int, int]:
     """(warps a worker, workers an SM) of the rules' plans on a GPU of ``sms`` SMs: two workers of 4
     warps, so that one's loads overlap the other's waits; or, from batch ``WHOLE_SM_MIN_BATCH`` where
     a layer's bf16 weights are short at one worker an SM (0.6b), one worker of 8 warps with the whole
     SM's shared memory for the weights-on-M tile's pipeline (rule ``whole-sm-pipeline``): its stages
     are a chunk or two a worker, so bytes in flight, not the second worker's overlap, set their pace.
-    Timed with bf16 weights at TP 1 only."""
-    if short_layers(cfg, sms) and batch_size >= WHOLE_SM_MIN_BATCH and bf16 and not fp8 and tp == 1:
+    Timed with bf16 weights at TP 1 only. A count of ``workers`` asked for that one an SM cannot
+    hold keeps two of 4 warps, which holds it."""
+    if (short_layers(cfg, sms) and batch_size >= WHOLE_SM_MIN_BATCH and bf16 and not fp8 and tp == 1
+            and (workers is None or workers <= sms)):
         return 8, 1
     return 4, WORKERS_PER_SM
 

@@ -83,6 +83,9 @@ def test_short_layers_from_batch_32_run_one_worker_of_eight_warps_an_sm():
         assert default_layout(small, batch, 132, bf16=True) == (4, WORKERS_PER_SM), batch
     for size in ("1.7b", "8b", "32b"):
         assert default_layout(PRESETS[size], 64, 132, bf16=True) == (4, WORKERS_PER_SM), size
+    # a worker count asked for: one an SM holds 132, two of 4 warps what is more
+    assert default_layout(small, 64, 132, bf16=True, workers=132) == (8, 1)
+    assert default_layout(small, 64, 132, bf16=True, workers=264) == (4, WORKERS_PER_SM)
     for other in (dict(bf16=False), dict(bf16=True, fp8=True), dict(bf16=True, tp=2)):
         assert default_layout(small, 64, 132, **other) == (4, WORKERS_PER_SM), other
     plan, rules = plan_and_rules(small, 64, 392, 132, num_warps=8, bf16_inputs=True)
